@@ -1,0 +1,154 @@
+"""The `dtbench` command line: run, report, list and rerun."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EPILOG = "Exit codes: 0 every run completed; 1 some run failed or diverged; 2 bad input (nothing written)."
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dtbench",
+        description="Benchmark parallel DNN training methods on one shared runner: same workload, data order, "
+                    "budget and evaluation; real processes and real torch.distributed communication.",
+        epilog=EPILOG)
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    run = verbs.add_parser(
+        "run", help="run every run of a suite file",
+        description="Run every run of SUITE (a TOML suite file, see docs/suites.md), once per seed. Results go to "
+                    "OUT/<suite name>/<run id>/ (spec.json, manifest.json, metrics.jsonl, status.json, logs/). "
+                    "A failed or diverged run is reported and the suite goes on.",
+        epilog=EPILOG)
+    run.add_argument("suite", type=Path, help="the suite file, e.g. suites/smoke.toml")
+    run.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results)")
+    run.add_argument("--launcher", choices=["local"], default="local",
+                     help="where ranks run: local = one process per rank on this machine (default)")
+    run.add_argument("--only", metavar="GLOB", help="run only the runs whose run id matches this shell pattern")
+    run.add_argument("--resume", action="store_true",
+                     help="skip runs whose status.json says completed; rerun the others from the start")
+    run.add_argument("--dry-run", action="store_true", help="validate and list the runs; write nothing")
+    run.add_argument("--quiet", action="store_true", help="no progress bars (the per-run lines still print)")
+
+    report = verbs.add_parser(
+        "report", help="write the comparative report of a suite's results",
+        description="Read OUT/<suite>/*/metrics.jsonl and write OUT/<suite>/report/: index.html (self-contained), "
+                    "summary.csv (one row per run) and PNG plots (accuracy against train time and epochs with 95%% "
+                    "CI bands over seeds, time to target, bytes per sample).")
+    report.add_argument("suite_dir", type=Path, help="a suite's results folder, e.g. results/smoke")
+    report.add_argument("--out", type=Path, default=None, help="report folder (default: SUITE_DIR/report)")
+
+    verbs.add_parser("list", help="list the registered methods and workloads",
+                     description="Print the registered methods (name, family, summary) and workloads (name, "
+                                 "dataset, model, target accuracy).")
+
+    rerun = verbs.add_parser(
+        "rerun", help="run one run again from its run folder alone",
+        description="Read RUN_DIR/spec.json (written by every run) and run exactly that spec again into "
+                    "OUT/<suite>/<run id>/. No suite file is needed.", epilog=EPILOG)
+    rerun.add_argument("run_dir", type=Path, help="a run folder holding spec.json")
+    rerun.add_argument("--out", type=Path, default=Path("results/rerun"),
+                       help="results folder for the rerun (default: results/rerun)")
+    rerun.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handler = {"run": _cmd_run, "report": _cmd_report, "list": _cmd_list, "rerun": _cmd_rerun}[args.verb]
+    return handler(args, argv if argv is not None else sys.argv[1:])
+
+
+def _fail(message: str) -> int:
+    print(f"dtbench: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _finish(outcomes) -> int:
+    bad = [o for o in outcomes if o.state != "completed"]
+    done = len(outcomes) - len(bad)
+    print(f"{done}/{len(outcomes)} runs completed.")
+    for o in bad:
+        message = (o.error or {}).get("message") or "no error message"
+        print(f"  {o.state}: {o.spec.run_id}: {message}")
+    return 1 if bad else 0
+
+
+def _cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
+    from harness.config import SuiteError, expand_suite
+
+    try:
+        specs = expand_suite(args.suite, args.only)
+    except SuiteError as exc:
+        return _fail(str(exc))
+    if not specs:
+        return _fail(f"{args.suite}: no run id matches --only {args.only!r}")
+    if args.dry_run:
+        for spec in specs:
+            print(f"{spec.run_id}\t{spec.method}\t{spec.workload}\tworld_size={spec.world_size}\tseed={spec.seed}")
+        print(f"{len(specs)} runs; nothing written (--dry-run).")
+        return 0
+    from harness.suite import run_specs
+
+    print(f"suite {specs[0].suite}: {len(specs)} runs -> {args.out / specs[0].suite}")
+    outcomes = run_specs(specs, args.out, resume=args.resume, argv=["dtbench", *argv], suite_file=args.suite,
+                         show_progress=not args.quiet)
+    return _finish(outcomes)
+
+
+def _cmd_rerun(args: argparse.Namespace, argv: list[str]) -> int:
+    from pydantic import ValidationError
+
+    from harness.config import RunSpec
+
+    path = args.run_dir / "spec.json"
+    try:
+        spec = RunSpec.model_validate_json(path.read_text())
+    except OSError as exc:
+        return _fail(f"{path}: cannot read: {exc.strerror or exc}")
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        return _fail(f"{path}: {'.'.join(map(str, e['loc'])) or '<top level>'}: {e['msg']}")
+    from harness.suite import run_specs
+
+    return _finish(run_specs([spec], args.out, argv=["dtbench", *argv], show_progress=not args.quiet))
+
+
+def _cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
+    if not args.suite_dir.is_dir():
+        return _fail(f"{args.suite_dir}: no such results folder")
+    from harness.report import write_report
+
+    try:
+        index = write_report(args.suite_dir, args.out)
+    except ValueError as exc:
+        return _fail(str(exc))
+    print(f"report written: {index}")
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace, argv: list[str]) -> int:
+    from harness import workloads
+    from methods import registry
+
+    print("methods:")
+    rows = [(n, registry.get(n)) for n in registry.names()]
+    width = max(len(n) for n, _ in rows)
+    fam = max(len(c.family) for _, c in rows)
+    for name, cls in rows:
+        print(f"  {name:<{width}}  {cls.family:<{fam}}  {cls.summary}")
+    print("workloads:")
+    width = max(len(n) for n in workloads.names())
+    for name in workloads.names():
+        w = workloads.get(name)
+        target = f"target {w.target:.2f}" if w.target else "no target"
+        print(f"  {name:<{width}}  {w.dataset}; {w.model}; {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

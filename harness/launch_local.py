@@ -1,0 +1,166 @@
+"""The local launcher: one process per rank on this machine, watched, and torn down when any rank dies."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.config import RunSpec
+from harness.recorder import write_status
+from harness.worker import ERROR_FILE, Rendezvous, run_rank
+
+POLL_S = 0.1
+TERM_GRACE_S = 3.0
+
+
+@dataclass
+class LaunchResult:
+    state: str
+    error: dict | None
+    seconds: float
+
+
+def _entry(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, argv: list[str]) -> None:
+    sys.exit(run_rank(spec_json, rank, rdzv, run_dir, "local", True, argv))
+
+
+def _describe(rank: int, exitcode: int, run_dir: Path) -> dict:
+    """Why rank `rank` ended: its own error line if it wrote one, else its signal or exit code."""
+    error_file = run_dir / ERROR_FILE.format(rank=rank)
+    if error_file.exists():
+        try:
+            message = json.loads(error_file.read_text())["message"]
+            return {"message": f"rank {rank}: {message}", "rank": rank}
+        except (OSError, ValueError, KeyError):
+            pass
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = str(-exitcode)
+        return {"message": f"rank {rank} was killed by signal {name}", "rank": rank}
+    return {"message": f"rank {rank} exited with code {exitcode} (see logs/rank{rank}.log)", "rank": rank}
+
+
+class MetricsTail:
+    """Follows metrics.jsonl as it grows, for progress: the latest rank-0 epoch and eval accuracy."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+        self.epoch = 0.0
+        self.accuracy: float | None = None
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return
+        self.offset += end + 1
+        for line in chunk[:end].splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("rank") == 0 and isinstance(record.get("epoch"), (int, float)):
+                self.epoch = max(self.epoch, float(record["epoch"]))
+            if record.get("kind") == "eval" and isinstance(record.get("test_accuracy"), (int, float)):
+                self.accuracy = float(record["test_accuracy"])
+
+
+def _terminate(procs: list[multiprocessing.process.BaseProcess]) -> None:
+    """SIGTERM every live rank, then SIGKILL whatever is left after a short grace period."""
+    for p in procs:
+        if p.exitcode is None:
+            p.terminate()
+    deadline = time.monotonic() + TERM_GRACE_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.exitcode is None:
+            p.kill()
+            p.join(5.0)
+
+
+def launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None] | None = None,
+           argv: list[str] | None = None) -> LaunchResult:
+    """Run `spec` with world_size local processes. Returns once every rank has ended.
+
+    The launcher hosts the rendezvous store (on a free port it picked itself), so ranks never race for a port. If a
+    rank exits with an error or is killed, the remaining ranks are torn down at once and the run is marked failed,
+    naming that rank. Ctrl-C tears everything down too.
+    """
+    import torch.distributed as dist
+
+    start = time.monotonic()
+    store = dist.TCPStore("127.0.0.1", 0, spec.world_size, is_master=True, wait_for_workers=False)
+    rdzv = Rendezvous("127.0.0.1", store.port, store_is_external=True)
+    ctx = multiprocessing.get_context("spawn")
+    spec_json = spec.model_dump_json()
+    argv = list(argv if argv is not None else sys.argv)
+    procs = [ctx.Process(target=_entry, args=(spec_json, r, rdzv, str(run_dir), argv), name=f"rank{r}")
+             for r in range(spec.world_size)]
+    for p in procs:
+        p.start()
+    write_status(run_dir, "running", pids={str(r): p.pid for r, p in enumerate(procs)})
+    tail = MetricsTail(run_dir / "metrics.jsonl")
+    failure: dict | None = None
+    try:
+        while True:
+            ended = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode is not None]
+            bad = [(r, code) for r, code in ended if code != 0]
+            if bad:
+                # The first rank to fail is the cause; peers that fail afterwards do so because it died.
+                failure = _describe(*min(bad, key=lambda rc: (_error_mtime(run_dir, rc[0]), rc[0])), run_dir)
+                _terminate(procs)
+                break
+            if len(ended) == len(procs):
+                break
+            if progress is not None:
+                tail.poll()
+                progress(tail)
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        _terminate(procs)
+        write_status(run_dir, "failed", error={"message": "interrupted (Ctrl-C)", "rank": None})
+        raise
+    finally:
+        del store
+    if progress is not None:
+        tail.poll()
+        progress(tail)
+    if failure is not None:
+        write_status(run_dir, "failed", error=failure)
+        return LaunchResult("failed", failure, time.monotonic() - start)
+    status = _read_state(run_dir)
+    return LaunchResult(status.get("state", "failed"), status.get("error"), time.monotonic() - start)
+
+
+def _error_mtime(run_dir: Path, rank: int) -> float:
+    """When a rank wrote its error file (a killed rank writes none: it counts as first)."""
+    try:
+        return os.stat(run_dir / ERROR_FILE.format(rank=rank)).st_mtime
+    except OSError:
+        return float("-inf")
+
+
+def _read_state(run_dir: Path) -> dict:
+    try:
+        status = json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return {"state": "failed", "error": {"message": "no status.json was written", "rank": 0}}
+    if status.get("state") == "running":
+        return {"state": "failed", "error": {"message": "ranks exited without finishing the run", "rank": 0}}
+    return status

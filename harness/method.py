@@ -1,0 +1,105 @@
+"""The contract between the runner and a method: parameters, run context, step and eval results, and the base class."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.comm import Communicator
+from harness.data import Batch, TensorData
+from harness.workloads import Instance
+
+
+class TrainParams(BaseModel):
+    """Hyperparameters every method takes. `batch_size` is the global batch (all ranks together)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch_size: int = Field(default=32, ge=1)
+    lr: float = Field(default=0.05, gt=0)
+    momentum: float = Field(default=0.0, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    nesterov: bool = False
+    eval_batch_size: int = Field(default=512, ge=1)
+
+
+@dataclass
+class RunContext:
+    """What the runner hands a method on every rank."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    workload: Instance
+    params: Any  # an instance of the method's Params
+    comm: Communicator
+    seed: int
+    run_dir: Path
+    log: Any = None  # callable(kind: str, **fields): append a record of a method-specific kind to metrics.jsonl
+
+
+@dataclass
+class StepStats:
+    """What one train_step reports: this rank's loss on the step, and any method-specific numbers."""
+
+    loss: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EvalResult:
+    """Global evaluation numbers over the whole test set (valid on rank 0; other ranks may return them too)."""
+
+    accuracy: float
+    loss: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Method(abc.ABC):
+    """A training method, run collectively by every rank of a run.
+
+    The runner owns budgets, evaluation cadence, clocks, checkpoints and status; the method owns the algorithm.
+    Subclasses set the class attributes, define `Params` (a TrainParams subclass) for their hyperparameters, and
+    implement `train_step` and `evaluate`. See docs/methods-api.md.
+    """
+
+    name: ClassVar[str]
+    family: ClassVar[str]
+    summary: ClassVar[str]
+    Params: ClassVar[type[TrainParams]] = TrainParams
+    min_world_size: ClassVar[int] = 1
+    max_world_size: ClassVar[int | None] = None
+
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+
+    @classmethod
+    def check_world_size(cls, world_size: int, params: TrainParams) -> str | None:
+        """None if the method can run on `world_size` ranks with `params`, else the reason in one line."""
+        if world_size < cls.min_world_size:
+            return f"method {cls.name!r} needs at least {cls.min_world_size} ranks, got {world_size}"
+        if cls.max_world_size is not None and world_size > cls.max_world_size:
+            return f"method {cls.name!r} runs on at most {cls.max_world_size} rank(s), got {world_size}"
+        return None
+
+    @abc.abstractmethod
+    def train_step(self, batch: Batch) -> StepStats:
+        """One optimizer step on the global batch `batch` (each rank loads the part it needs)."""
+
+    @abc.abstractmethod
+    def evaluate(self, test: TensorData) -> EvalResult | None:
+        """Accuracy and loss on the whole test set. Collective; rank 0 must return the global result."""
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError(f"method {self.name!r} does not support checkpoints")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError(f"method {self.name!r} does not support checkpoints")
+
+    def finish(self) -> None:
+        """Release resources at the end of a run (default: nothing)."""

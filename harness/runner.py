@@ -1,0 +1,136 @@
+"""The shared training loop: the same data order, budget, evaluation cadence and clocks for every method."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.comm import Communicator
+from harness.config import Budget, RunSpec
+from harness.data import Batch, DataOrder, TensorData
+from harness.method import EvalResult, Method
+from harness.recorder import MetricsWriter, TrainClock
+
+# Ranks agree on time-based decisions (time budget, eval_every_seconds) and on divergence every this many steps,
+# with one tiny all-reduce (category `control`), so the per-step loop carries no extra communication.
+CONTROL_EVERY_STEPS = 8
+
+
+@dataclass
+class Plan:
+    """The step-level schedule a budget implies for a data order."""
+
+    max_steps: int | None
+    eval_every_steps: int | None
+    eval_every_seconds: float | None
+    max_train_seconds: float | None
+
+    @classmethod
+    def from_budget(cls, budget: Budget, steps_per_epoch: int) -> Plan:
+        limits = []
+        if budget.max_steps is not None:
+            limits.append(budget.max_steps)
+        if budget.max_epochs is not None:
+            limits.append(max(1, math.ceil(budget.max_epochs * steps_per_epoch - 1e-9)))
+        every = None
+        if budget.eval_every_epochs is not None:
+            every = max(1, round(budget.eval_every_epochs * steps_per_epoch))
+        return cls(min(limits) if limits else None, every, budget.eval_every_seconds, budget.max_train_seconds)
+
+
+@dataclass
+class Outcome:
+    state: str  # completed or diverged
+    steps: int
+    epoch: float
+    samples: int
+    last_eval: dict[str, Any] | None
+    message: str | None = None
+
+
+class Loop:
+    """Runs `method` under `spec`'s budget on one rank, writing train and eval records."""
+
+    def __init__(self, spec: RunSpec, method: Method, train: TensorData, test: TensorData, comm: Communicator,
+                 writer: MetricsWriter, clock: TrainClock):
+        self.spec, self.method, self.train, self.test = spec, method, train, test
+        self.comm, self.writer, self.clock = comm, writer, clock
+        self.order = DataOrder(len(train), spec.params["batch_size"], spec.seed)
+        self.plan = Plan.from_budget(spec.budget, self.order.steps_per_epoch)
+        self.step = 0
+        self.last_eval: dict[str, Any] | None = None
+        self._next_eval_time = spec.budget.eval_every_seconds or math.inf
+        self.progress = None  # optional callable(step, epoch) for interactive use
+
+    def run(self) -> Outcome:
+        self.evaluate()
+        diverged_at: int | None = None
+        while self.plan.max_steps is None or self.step < self.plan.max_steps:
+            batch = Batch(self.step, self.order.epoch_of(self.step), self.order.batch(self.step), self.train,
+                          self.spec.seed)
+            stats = self.method.train_step(batch)
+            self.step += 1
+            finite = math.isfinite(stats.loss)
+            if diverged_at is None and not finite:
+                diverged_at = self.step
+            if self.step % self.spec.log_every_steps == 0 or not finite:
+                self._log_train(stats.loss, stats.extra)
+
+            last = self.plan.max_steps is not None and self.step >= self.plan.max_steps
+            diverged, time_up, eval_by_time = self._agree(diverged_at is not None, last)
+            if diverged:
+                return Outcome("diverged", self.step, self.order.epoch_of(self.step), self._samples(),
+                               self.last_eval, f"non-finite loss at step {diverged_at or self.step}")
+            if (self.plan.eval_every_steps and self.step % self.plan.eval_every_steps == 0) or eval_by_time:
+                self.evaluate()
+            if time_up:
+                break
+        if self.last_eval is None or self.last_eval["step"] != self.step:
+            self.evaluate()
+        return Outcome("completed", self.step, self.order.epoch_of(self.step), self._samples(), self.last_eval)
+
+    def _samples(self) -> int:
+        return self.step * self.order.batch_size
+
+    def _agree(self, diverged: bool, last: bool) -> tuple[bool, bool, bool]:
+        """(diverged, time budget spent, eval due by time), the same on every rank."""
+        train_s = self.clock.train()
+        time_up = self.plan.max_train_seconds is not None and train_s >= self.plan.max_train_seconds
+        eval_due = train_s >= self._next_eval_time
+        if self.comm.world_size > 1:
+            if self.step % CONTROL_EVERY_STEPS and not last:
+                return False, False, False
+            flags = torch.tensor([float(diverged), float(time_up), float(eval_due)])
+            self.comm.all_reduce(flags, "control", op=torch.distributed.ReduceOp.MAX)
+            diverged, time_up, eval_due = (bool(v) for v in flags.tolist())
+        if eval_due:
+            while self._next_eval_time <= train_s:
+                self._next_eval_time += self.spec.budget.eval_every_seconds or math.inf
+        return diverged, time_up, eval_due
+
+    def _log_train(self, loss: float, extra: dict[str, Any]) -> None:
+        sent, recv = self.comm.ledger.training_bytes()
+        self.writer.write("train", step=self.step, epoch=self.order.epoch_of(self.step), samples=self._samples(),
+                          loss=loss, bytes_sent=sent, bytes_recv=recv,
+                          bytes_by_category=self.comm.ledger.by_category(), **extra)
+        if self.progress is not None:
+            self.progress(self.step, self.order.epoch_of(self.step))
+
+    def evaluate(self) -> EvalResult | None:
+        """Evaluate with the train clock stopped on every rank (a barrier closes the excluded interval)."""
+        with self.clock.excluded():
+            result = self.method.evaluate(self.test)
+            self.comm.barrier()
+        if self.comm.rank == 0:
+            if result is None:
+                raise RuntimeError(f"method {self.spec.method!r} returned no evaluation result on rank 0")
+            record = {"step": self.step, "epoch": self.order.epoch_of(self.step), "samples": self._samples(),
+                      "test_accuracy": result.accuracy, "test_loss": result.loss, **result.extra}
+            self.writer.write("eval", **record)
+            self.last_eval = record
+        else:
+            self.last_eval = {"step": self.step}
+        return result

@@ -1,0 +1,82 @@
+"""Running a whole suite: run folders, skipping finished runs on --resume, progress, and the closing summary."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from harness.config import RunSpec
+from harness.launch_local import LaunchResult, MetricsTail, launch
+from harness.recorder import write_json
+
+
+@dataclass
+class RunOutcome:
+    spec: RunSpec
+    state: str
+    error: dict | None
+    seconds: float
+
+
+def prepare_run_dir(spec: RunSpec, out: Path) -> Path:
+    """A clean folder for the run holding its spec.json (an earlier attempt's files are removed)."""
+    run_dir = out / spec.suite / spec.run_id
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    write_json(run_dir / "spec.json", spec.model_dump(mode="json"))
+    return run_dir
+
+
+def is_completed(run_dir: Path) -> bool:
+    import json
+
+    try:
+        return json.loads((run_dir / "status.json").read_text()).get("state") == "completed"
+    except (OSError, ValueError):
+        return False
+
+
+def run_specs(specs: list[RunSpec], out: Path, resume: bool = False, argv: list[str] | None = None,
+              suite_file: Path | None = None, show_progress: bool = True) -> list[RunOutcome]:
+    """Run every spec in order with the local launcher. A failed run is reported and the suite goes on."""
+    outcomes: list[RunOutcome] = []
+    if suite_file is not None and specs:
+        (out / specs[0].suite).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(suite_file, out / specs[0].suite / "suite.toml")
+    for i, spec in enumerate(specs, 1):
+        run_dir = out / spec.suite / spec.run_id
+        if resume and is_completed(run_dir):
+            tqdm.write(f"[{i}/{len(specs)}] {spec.run_id}: completed earlier, skipped (--resume)")
+            outcomes.append(RunOutcome(spec, "completed", None, 0.0))
+            continue
+        run_dir = prepare_run_dir(spec, out)
+        result = _launch_with_progress(spec, run_dir, f"[{i}/{len(specs)}] {spec.run_id}", argv, show_progress)
+        line = f"[{i}/{len(specs)}] {spec.run_id}: {result.state} in {result.seconds:.1f} s"
+        if result.error:
+            line += f" ({result.error.get('message')})"
+        tqdm.write(line)
+        outcomes.append(RunOutcome(spec, result.state, result.error, result.seconds))
+    return outcomes
+
+
+def _launch_with_progress(spec: RunSpec, run_dir: Path, desc: str, argv: list[str] | None,
+                          show: bool) -> LaunchResult:
+    total = spec.budget.max_epochs
+    bar = tqdm(total=total, desc=desc, unit="epoch", leave=False, disable=not show, file=sys.stderr,
+               bar_format="{desc}: {n:.2f}/{total} epochs |{bar}| {elapsed} {postfix}" if total else None)
+
+    def update(tail: MetricsTail) -> None:
+        bar.n = min(tail.epoch, total) if total else tail.epoch
+        if tail.accuracy is not None:
+            bar.set_postfix_str(f"acc {tail.accuracy:.3f}", refresh=False)
+        bar.refresh()
+
+    try:
+        return launch(spec, run_dir, update, argv)
+    finally:
+        bar.close()

@@ -1,0 +1,1 @@
+"""Training methods, one module per method; `methods.registry` maps names to them."""

@@ -1,0 +1,22 @@
+"""The method registry: names to classes, as data. Modules are imported only when a method is asked for."""
+
+from __future__ import annotations
+
+import importlib
+
+from harness.method import Method
+
+METHODS: dict[str, str] = {
+    "sgd": "methods.sgd:SGD",
+    "ddp": "methods.ddp:DDP",
+}
+
+
+def get(name: str) -> type[Method]:
+    """The class registered as `name`; KeyError if there is none."""
+    module_name, class_name = METHODS[name].split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def names() -> list[str]:
+    return sorted(METHODS)
