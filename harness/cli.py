@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -60,7 +59,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler = {"run": _cmd_run, "report": _cmd_report, "list": _cmd_list, "rerun": _cmd_rerun}[args.verb]
-    return handler(args, argv if argv is not None else sys.argv[1:])
+    try:
+        return handler(args, argv if argv is not None else sys.argv[1:])
+    except KeyboardInterrupt:
+        print("dtbench: interrupted; the running run was torn down and marked failed", file=sys.stderr)
+        return 130
 
 
 def _fail(message: str) -> int:

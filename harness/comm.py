@@ -1,4 +1,4 @@
-"""The communicator: the one layer methods talk through; it counts bytes and time per category at the point of sending."""
+"""The communicator: the one layer methods talk through; it counts bytes and time per category where they are sent."""
 
 from __future__ import annotations
 

@@ -103,3 +103,4 @@ class Method(abc.ABC):
 
     def finish(self) -> None:
         """Release resources at the end of a run (default: nothing)."""
+        return None

@@ -14,20 +14,28 @@ from typing import Any
 
 
 class TrainClock:
-    """Wall time since start, and train time: wall time minus the intervals spent in `excluded()` blocks."""
+    """Wall time since the process started the run, and train time: time since `start_training()` minus the
+    intervals spent in `excluded()` blocks (evaluation, checkpointing). Set-up (imports, data, model) is not train
+    time for any method."""
 
     def __init__(self, offset_train_s: float = 0.0) -> None:
         self.start = time.perf_counter()
+        self.train_start: float | None = None
         self.offset = offset_train_s
         self.excluded_s = 0.0
         self._paused_at: float | None = None
+
+    def start_training(self) -> None:
+        self.train_start = time.perf_counter()
 
     def wall(self) -> float:
         return time.perf_counter() - self.start
 
     def train(self) -> float:
+        if self.train_start is None:
+            return self.offset
         now = self._paused_at if self._paused_at is not None else time.perf_counter()
-        return now - self.start - self.excluded_s + self.offset
+        return now - self.train_start - self.excluded_s + self.offset
 
     @contextlib.contextmanager
     def excluded(self) -> Iterator[None]:

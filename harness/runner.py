@@ -14,9 +14,11 @@ from harness.data import Batch, DataOrder, TensorData
 from harness.method import EvalResult, Method
 from harness.recorder import MetricsWriter, TrainClock
 
-# Ranks agree on time-based decisions (time budget, eval_every_seconds) and on divergence every this many steps,
-# with one tiny all-reduce (category `control`), so the per-step loop carries no extra communication.
-CONTROL_EVERY_STEPS = 8
+# Ranks agree on time-based decisions (time budget, eval_every_seconds) and on divergence with one tiny all-reduce
+# (category `control`) about every CONTROL_PERIOD_S of train time: each sync also fixes the step of the next one, from
+# the measured step time (between 1 and CONTROL_MAX_STEPS steps ahead), so fast steps carry no per-step collective.
+CONTROL_PERIOD_S = 0.25
+CONTROL_MAX_STEPS = 64
 
 
 @dataclass
@@ -63,34 +65,44 @@ class Loop:
         self.step = 0
         self.last_eval: dict[str, Any] | None = None
         self._next_eval_time = spec.budget.eval_every_seconds or math.inf
-        self.progress = None  # optional callable(step, epoch) for interactive use
+        self._diverged_at: int | None = None
+        self._next_sync_step = 1
 
     def run(self) -> Outcome:
+        self.comm.barrier()  # every rank starts its train clock together, after its own set-up
+        self.clock.start_training()
         self.evaluate()
-        diverged_at: int | None = None
         while self.plan.max_steps is None or self.step < self.plan.max_steps:
-            batch = Batch(self.step, self.order.epoch_of(self.step), self.order.batch(self.step), self.train,
-                          self.spec.seed)
-            stats = self.method.train_step(batch)
-            self.step += 1
-            finite = math.isfinite(stats.loss)
-            if diverged_at is None and not finite:
-                diverged_at = self.step
-            if self.step % self.spec.log_every_steps == 0 or not finite:
-                self._log_train(stats.loss, stats.extra)
-
-            last = self.plan.max_steps is not None and self.step >= self.plan.max_steps
-            diverged, time_up, eval_by_time = self._agree(diverged_at is not None, last)
+            diverged, time_up, eval_due = self.train_one_step()
             if diverged:
                 return Outcome("diverged", self.step, self.order.epoch_of(self.step), self._samples(),
-                               self.last_eval, f"non-finite loss at step {diverged_at or self.step}")
-            if (self.plan.eval_every_steps and self.step % self.plan.eval_every_steps == 0) or eval_by_time:
+                               self.last_eval, f"non-finite loss at step {self._diverged_at or self.step}")
+            if eval_due:
                 self.evaluate()
             if time_up:
                 break
         if self.last_eval is None or self.last_eval["step"] != self.step:
             self.evaluate()
         return Outcome("completed", self.step, self.order.epoch_of(self.step), self._samples(), self.last_eval)
+
+    def train_one_step(self) -> tuple[bool, bool, bool]:
+        """One global step: the batch, the method's step, its train record, and the ranks' agreement.
+
+        Returns (diverged, time budget spent, evaluation due), the same on every rank.
+        """
+        batch = Batch(self.step, self.order.epoch_of(self.step), self.order.batch(self.step), self.train,
+                      self.spec.seed)
+        stats = self.method.train_step(batch)
+        self.step += 1
+        finite = math.isfinite(stats.loss)
+        if self._diverged_at is None and not finite:
+            self._diverged_at = self.step
+        if self.step % self.spec.log_every_steps == 0 or not finite:
+            self._log_train(stats.loss, stats.extra)
+        last = self.plan.max_steps is not None and self.step >= self.plan.max_steps
+        diverged, time_up, eval_by_time = self._agree(self._diverged_at is not None, last)
+        eval_by_steps = bool(self.plan.eval_every_steps) and self.step % self.plan.eval_every_steps == 0
+        return diverged, time_up, eval_by_steps or eval_by_time
 
     def _samples(self) -> int:
         return self.step * self.order.batch_size
@@ -101,11 +113,13 @@ class Loop:
         time_up = self.plan.max_train_seconds is not None and train_s >= self.plan.max_train_seconds
         eval_due = train_s >= self._next_eval_time
         if self.comm.world_size > 1:
-            if self.step % CONTROL_EVERY_STEPS and not last:
+            if self.step < self._next_sync_step and not last:
                 return False, False, False
-            flags = torch.tensor([float(diverged), float(time_up), float(eval_due)])
+            interval = min(CONTROL_MAX_STEPS, max(1, int(CONTROL_PERIOD_S * self.step / max(train_s, 1e-9))))
+            flags = torch.tensor([float(diverged), float(time_up), float(eval_due), float(interval)])
             self.comm.all_reduce(flags, "control", op=torch.distributed.ReduceOp.MAX)
-            diverged, time_up, eval_due = (bool(v) for v in flags.tolist())
+            diverged, time_up, eval_due = (bool(v) for v in flags[:3].tolist())
+            self._next_sync_step = self.step + int(flags[3])
         if eval_due:
             while self._next_eval_time <= train_s:
                 self._next_eval_time += self.spec.budget.eval_every_seconds or math.inf
@@ -116,8 +130,6 @@ class Loop:
         self.writer.write("train", step=self.step, epoch=self.order.epoch_of(self.step), samples=self._samples(),
                           loss=loss, bytes_sent=sent, bytes_recv=recv,
                           bytes_by_category=self.comm.ledger.by_category(), **extra)
-        if self.progress is not None:
-            self.progress(self.step, self.order.epoch_of(self.step))
 
     def evaluate(self) -> EvalResult | None:
         """Evaluate with the train clock stopped on every rank (a barrier closes the excluded interval)."""

@@ -66,15 +66,21 @@ def run_specs(specs: list[RunSpec], out: Path, resume: bool = False, argv: list[
 
 def _launch_with_progress(spec: RunSpec, run_dir: Path, desc: str, argv: list[str] | None,
                           show: bool) -> LaunchResult:
+    """Launch with a progress bar (epochs done, last accuracy) on an interactive terminal; none in logs."""
     total = spec.budget.max_epochs
-    bar = tqdm(total=total, desc=desc, unit="epoch", leave=False, disable=not show, file=sys.stderr,
+    bar = tqdm(total=total, desc=desc, unit="epoch", leave=False, file=sys.stderr, mininterval=0.5,
+               disable=None if show else True,  # None: only when stderr is a terminal
                bar_format="{desc}: {n:.2f}/{total} epochs |{bar}| {elapsed} {postfix}" if total else None)
+    shown = {"epoch": 0.0, "accuracy": None}
 
     def update(tail: MetricsTail) -> None:
-        bar.n = min(tail.epoch, total) if total else tail.epoch
-        if tail.accuracy is not None:
-            bar.set_postfix_str(f"acc {tail.accuracy:.3f}", refresh=False)
-        bar.refresh()
+        epoch = min(tail.epoch, total) if total else tail.epoch
+        if epoch > shown["epoch"]:
+            bar.update(epoch - shown["epoch"])
+            shown["epoch"] = epoch
+        if tail.accuracy is not None and tail.accuracy != shown["accuracy"]:
+            shown["accuracy"] = tail.accuracy
+            bar.set_postfix_str(f"acc {tail.accuracy:.3f}")
 
     try:
         return launch(spec, run_dir, update, argv)

@@ -1,4 +1,4 @@
-"""Data parallel training with torch's DistributedDataParallel; gradients are averaged by an accounted all-reduce hook."""
+"""Data parallel training with DistributedDataParallel; gradients are averaged by an accounted all-reduce hook."""
 
 from __future__ import annotations
 

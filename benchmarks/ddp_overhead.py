@@ -1,0 +1,127 @@
+"""The harness's ddp step time against plain torch DDP (built-in C++ all-reduce, no harness), interleaved in one run.
+
+Both variants run in the same 2 gloo processes, on the same model, data shards and optimizer, alternating blocks of
+steps so that machine noise hits both alike. The harness variant is the full per-step path of the runner
+(`Loop.train_one_step`: batch selection, the ddp method with its accounted Python comm hook, the train record written
+to metrics.jsonl, the ranks' periodic agreement). The plain variant is the textbook DDP loop.
+
+    python benchmarks/ddp_overhead.py [--workload digits-mlp] [--rounds 15] [--steps 40]
+
+Prints the median step time of each and their ratio (harness / plain; the goal is <= 1.05).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+
+def _bench(rank: int, world_size: int, workload: str, options: dict, rounds: int, steps: int, batch_size: int):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from _dist import context
+    from harness.config import Budget, RunSpec
+    from harness.data import DataOrder
+    from harness.recorder import MetricsWriter, TrainClock
+    from harness.runner import Loop
+
+    params = {"batch_size": batch_size, "lr": 0.01, "momentum": 0.9}
+    cls, ctx = context("ddp", rank, world_size, params, workload=workload)
+    if options:
+        from harness import workloads
+
+        ctx.workload = workloads.get(workload).instantiate(options)
+        torch.manual_seed(0)
+    method = cls(ctx)
+    spec = RunSpec(suite="bench", run_id="bench", label="ddp", method="ddp", family="data-parallel",
+                   workload=workload, workload_options=options, world_size=world_size, seed=0,
+                   params=ctx.params.model_dump(), budget=Budget(max_steps=10**9), threads_per_rank=1,
+                   deterministic=False, log_every_steps=1)
+    tmp = Path(tempfile.mkdtemp())
+    clock = TrainClock()
+    clock.start_training()
+    writer = MetricsWriter(tmp / f"metrics{rank}.jsonl", rank, clock)
+    loop = Loop(spec, method, ctx.workload.train, ctx.workload.test, ctx.comm, writer, clock)
+
+    torch.manual_seed(0)
+    plain_model = DistributedDataParallel(ctx.workload.make_model())
+    plain_opt = torch.optim.SGD(plain_model.parameters(), lr=0.01, momentum=0.9)
+    order = DataOrder(len(ctx.workload.train), batch_size, seed=0)
+    train = ctx.workload.train
+    per = batch_size // world_size
+    plain_step = 0
+
+    def plain() -> None:
+        nonlocal plain_step
+        idx = order.batch(plain_step)[rank * per:(rank + 1) * per]
+        x, y = train.inputs(idx), train.targets(idx)
+        plain_opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(plain_model(x), y).backward()
+        plain_opt.step()
+        plain_step += 1
+
+    def harness() -> None:
+        loop.train_one_step()
+
+    from harness.data import Batch
+
+    method_step = 0
+
+    def method_only() -> None:
+        nonlocal method_step
+        method.train_step(Batch(method_step, 0.0, order.batch(method_step), train, 0))
+        method_step += 1
+
+    variants = [("harness", harness), ("plain", plain), ("method", method_only)]
+    times: dict[str, list[float]] = {name: [] for name, _ in variants}
+    for _, fn in variants:  # warm-up
+        for _ in range(steps):
+            fn()
+    for r in range(rounds):
+        for name, fn in variants if r % 2 == 0 else reversed(variants):
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            times[name].append((time.perf_counter() - start) / steps)
+    writer.close()
+    return times
+
+
+def main() -> None:
+    from _dist import spawn
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="digits-mlp")
+    parser.add_argument("--options", default="{}", help="workload options as JSON, e.g. '{\"hidden\": 1024}'")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args()
+    results = spawn(_bench, 2, args.workload, json.loads(args.options), args.rounds, args.steps, args.batch_size,
+                    timeout=1800)
+    harness = [max(a, b) for a, b in zip(results[0]["harness"], results[1]["harness"], strict=True)]
+    plain = [max(a, b) for a, b in zip(results[0]["plain"], results[1]["plain"], strict=True)]
+    method = [max(a, b) for a, b in zip(results[0]["method"], results[1]["method"], strict=True)]
+    h, p = statistics.median(harness), statistics.median(plain)
+    ratios = [a / b for a, b in zip(harness, plain, strict=True)]
+    print(f"workload {args.workload} {args.options}, 2 ranks x 1 thread, batch {args.batch_size}, "
+          f"{args.rounds} rounds x {args.steps} steps, interleaved")
+    print(f"plain torch DDP : {p * 1e3:8.3f} ms/step (median)")
+    print(f"dtbench ddp     : {h * 1e3:8.3f} ms/step (median), the runner's whole step")
+    print(f"  method alone  : {statistics.median(method) * 1e3:8.3f} ms/step (median), train_step without the runner")
+    print(f"ratio harness/plain: {h / p:.3f} (median of per-round ratios {statistics.median(ratios):.3f}; "
+          f"goal <= 1.05)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""Tests of harness/report.py on fake but realistic suite folders: summary, curves, plots, HTML page."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness import report
+from harness.results import load_suite
+
+TARGET = 0.9
+DDP, QSGD = "ddp x2", "qsgd bits=4 x2"
+SIGKILL = "rank 1 was killed by signal SIGKILL"
+NAN_LOSS = "loss became nan at step 15 (lr=0.5 > 0.1 & no warmup)"
+
+
+def write_run(suite_dir: Path, method: str, label: str, seed: int, state: str,
+              evals: list[tuple[float, float]], steps: int = 40,
+              sent_per_step: tuple[int, int] = (1000, 1500), error: dict | None = None,
+              truncated: bool = False, first_eval: bool = True) -> Path:
+    """Write one run folder of a 2-rank run: train records every 10 steps from both ranks, rank-0 evals.
+
+    evals: (train_time_s, test_accuracy) per evaluation, one per 10 steps (epoch = evaluation number), after
+    one at step 0 (accuracy 0.1) when first_eval.
+    Each rank's bytes_sent after step s is sent_per_step[rank] * s; samples after step s are 64 * s (global).
+    """
+    run_id = f"{method}-digits-mlp-w2-s{seed}"
+    run_dir = suite_dir / run_id
+    run_dir.mkdir(parents=True)
+    spec = {"suite": "smoke", "run_id": run_id, "label": label, "method": method, "family": "data-parallel",
+            "workload": "digits-mlp", "workload_options": {}, "world_size": 2, "seed": seed,
+            "params": {"batch_size": 32, "lr": 0.05},
+            "budget": {"max_epochs": 4, "max_steps": None, "max_train_seconds": None, "eval_every_epochs": 1,
+                       "eval_every_seconds": None, "target_accuracy": TARGET},
+            "threads_per_rank": 1, "deterministic": True, "log_every_steps": 10, "data_root": None,
+            "suite_file": "/x/suites/smoke.toml"}
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    status = {"state": state, "error": error, "final": {}, "updated": "2026-11-29T10:00:00Z"}
+    (run_dir / "status.json").write_text(json.dumps(status))
+    lines = []
+    if first_eval:  # the runner evaluates before the first step
+        lines.append({"kind": "eval", "rank": 0, "wall_time_s": 0.3, "train_time_s": 0.0, "step": 0,
+                      "epoch": 0.0, "samples": 0, "test_accuracy": 0.1, "test_loss": 2.3})
+    for index, step in enumerate(range(10, steps + 1, 10)):
+        # Train time: eval i ends at evals[i][0]; rank 1 is always a little later than rank 0.
+        t0 = evals[index][0] if index < len(evals) else evals[-1][0] + 0.5 * (index - len(evals) + 1)
+        for rank in (0, 1):
+            lines.append({"kind": "train", "rank": rank, "wall_time_s": t0 + 0.3 * index + 0.05 * rank,
+                          "train_time_s": t0 + 0.05 * rank, "step": step, "epoch": (index + 1.0),
+                          "samples": 64 * step, "loss": math.nan if state == "diverged" else 1.0 / step,
+                          "bytes_sent": sent_per_step[rank] * step, "bytes_recv": sent_per_step[rank] * step,
+                          "bytes_by_category": {"gradients": [sent_per_step[rank] * step] * 2}})
+        if index < len(evals):
+            time, accuracy = evals[index]
+            lines.append({"kind": "eval", "rank": 0, "wall_time_s": time + 0.3 * index + 0.2,
+                          "train_time_s": time, "step": step, "epoch": index + 1.0, "samples": 64 * step,
+                          "test_accuracy": accuracy, "test_loss": 1 - accuracy})
+    # A kind the report does not know, with values that would change the summary if it were read.
+    lines.append({"kind": "trace", "rank": 0, "wall_time_s": 99.0, "train_time_s": 999.0, "step": 10**6,
+                  "samples": "many", "events": [["fwd", 0, 1]]})
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    if truncated:
+        text += '{"kind": "train", "rank": 1, "wall_time_s": 5.'
+    (run_dir / "metrics.jsonl").write_text(text)
+    return run_dir
+
+
+@pytest.fixture
+def suite(tmp_path: Path) -> Path:
+    """Two labels x 2 seeds that completed, one failed run (truncated metrics), one diverged run."""
+    suite_dir = tmp_path / "smoke"
+    # First crossing of 0.9 at 2.0 s; accuracy dips and recovers; final (0.94) is not the best (0.96).
+    write_run(suite_dir, "ddp", DDP, 0, "completed", [(1.0, 0.5), (2.0, 0.93), (3.0, 0.96), (4.0, 0.94)])
+    write_run(suite_dir, "ddp", DDP, 1, "completed", [(0.9, 0.6), (1.8, 0.88), (2.7, 0.91), (3.6, 0.95)])
+    write_run(suite_dir, "qsgd", QSGD, 0, "completed", [(0.5, 0.4), (1.0, 0.7), (1.5, 0.85), (2.0, 0.92)],
+              sent_per_step=(100, 150))
+    write_run(suite_dir, "qsgd", QSGD, 1, "completed", [(0.6, 0.3), (1.2, 0.6), (1.8, 0.8), (2.4, 0.89)],
+              sent_per_step=(100, 150))
+    write_run(suite_dir, "ddp", DDP, 2, "failed", [(1.0, 0.55)], steps=20, truncated=True,
+              error={"message": SIGKILL, "rank": 1})
+    write_run(suite_dir, "qsgd", QSGD, 2, "diverged", [(0.5, 0.1)], steps=20, sent_per_step=(100, 150),
+              error={"message": NAN_LOSS, "rank": 0})
+    return suite_dir
+
+
+def load(suite_dir: Path):
+    with pytest.warns(UserWarning, match="skipped a corrupt line"):
+        return load_suite(suite_dir)
+
+
+def test_summary_columns_and_values(suite: Path) -> None:
+    table = report.summary(load(suite)).set_index("run_id", drop=False)
+    assert list(table.columns) == [*report.SUMMARY_COLUMNS, "label", "family", "steps", "epochs"]
+    assert list(table.columns[:13]) == [
+        "suite", "run_id", "method", "workload", "world_size", "seed", "state", "final_accuracy",
+        "best_accuracy", "time_to_target_s", "train_time_s", "total_bytes", "bytes_per_sample"]
+    assert len(table) == 6
+    run = table.loc["ddp-digits-mlp-w2-s0"]
+    assert (run.suite, run.method, run.workload, run.world_size, run.seed, run.state, run.label) == (
+        "smoke", "ddp", "digits-mlp", 2, 0, "completed", DDP)
+    assert run.final_accuracy == pytest.approx(0.94)
+    assert run.best_accuracy == pytest.approx(0.96)
+    assert run.time_to_target_s == pytest.approx(2.0)  # the first eval with accuracy >= 0.9, not a later one
+    assert run.train_time_s == pytest.approx(4.0)  # rank 0 only (rank 1 reached 4.05); trace kind ignored
+    assert run.total_bytes == 1000 * 40 + 1500 * 40  # each rank's last bytes_sent, summed
+    assert run.bytes_per_sample == pytest.approx((1000 * 40 + 1500 * 40) / (64 * 40))
+    assert (run.steps, run.epochs) == (40, 4.0)
+    assert table.loc["ddp-digits-mlp-w2-s1", "time_to_target_s"] == pytest.approx(2.7)
+    assert math.isnan(table.loc["qsgd-digits-mlp-w2-s1", "time_to_target_s"])  # never reached 0.9
+    assert table.loc["qsgd-digits-mlp-w2-s0", "total_bytes"] == 100 * 40 + 150 * 40
+    failed = table.loc["ddp-digits-mlp-w2-s2"]
+    assert (failed.state, failed.total_bytes, failed.steps) == ("failed", 2500 * 20, 20)
+    assert failed.final_accuracy == 0.55
+    assert table.loc["qsgd-digits-mlp-w2-s2", "state"] == "diverged"
+
+
+def test_summary_row_for_run_without_metrics_or_status(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "s", "sgd", "sgd x1", 0, "running", [(1.0, 0.5)])
+    (run_dir / "metrics.jsonl").unlink()
+    (run_dir / "status.json").unlink()
+    row = report.summary(load_suite(tmp_path / "s")).iloc[0]
+    assert (row.run_id, row.state, row.total_bytes) == ("sgd-digits-mlp-w2-s0", "unknown", 0)
+    for column in ("final_accuracy", "time_to_target_s", "train_time_s", "bytes_per_sample"):
+        assert math.isnan(row[column]), column
+
+
+def test_summary_without_target_has_no_time_to_target(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "s", "ddp", DDP, 0, "completed", [(1.0, 0.95)])
+    spec = json.loads((run_dir / "spec.json").read_text())
+    spec["budget"]["target_accuracy"] = None
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    assert math.isnan(report.summary(load_suite(tmp_path / "s")).iloc[0]["time_to_target_s"])
+
+
+def test_label_falls_back_to_method(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "s", "ddp", "", 0, "completed", [(1.0, 0.95)])
+    spec = json.loads((run_dir / "spec.json").read_text())
+    del spec["label"]
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    assert report.summary(load_suite(tmp_path / "s")).iloc[0]["label"] == "ddp"
+
+
+def test_curves_share_one_grid_per_label(suite: Path) -> None:
+    runs = [run for run in load(suite) if run.state == "completed"]
+    table = report.curves(runs, x="train_time_s", grid_points=50)
+    assert list(table.columns) == ["label", "seed", "run_id", "x", "test_accuracy"]
+    assert len(table) == 4 * 50
+    for label, final in ((DDP, 3.6), (QSGD, 2.0)):  # the smallest final eval time among the label's seeds
+        seeds = [group["x"].to_numpy() for _, group in table[table["label"] == label].groupby("seed")]
+        assert len(seeds) == 2
+        np.testing.assert_array_equal(seeds[0], seeds[1])
+        assert seeds[0][0] == 0.0 and seeds[0][-1] == pytest.approx(final) and len(seeds[0]) == 50
+    ddp0 = table[table["run_id"] == "ddp-digits-mlp-w2-s0"]
+    expected = np.interp(ddp0["x"], [0.0, 1.0, 2.0, 3.0, 4.0], [0.1, 0.5, 0.93, 0.96, 0.94])
+    np.testing.assert_allclose(ddp0["test_accuracy"], expected)
+    assert table["test_accuracy"].notna().all()
+
+
+def test_curves_without_step0_eval_start_where_every_seed_has_values(tmp_path: Path) -> None:
+    write_run(tmp_path / "s", "ddp", DDP, 0, "completed", [(1.0, 0.5), (2.0, 0.9)], steps=20, first_eval=False)
+    write_run(tmp_path / "s", "ddp", DDP, 1, "completed", [(1.5, 0.6), (2.5, 0.8)], steps=20, first_eval=False)
+    write_run(tmp_path / "s", "sgd", "sgd x1", 0, "completed", [(3.0, 0.5), (4.0, 0.9)], steps=20,
+              first_eval=False)
+    write_run(tmp_path / "s", "sgd", "sgd x1", 1, "completed", [(5.0, 0.6), (6.0, 0.8)], steps=20,
+              first_eval=False)  # does not overlap seed 0: NaN before its first evaluation, no extrapolation
+    table = report.curves(load_suite(tmp_path / "s"), grid_points=11)
+    ddp = table[table["label"] == DDP]
+    np.testing.assert_allclose(ddp["x"].iloc[:11], np.linspace(1.5, 2.0, 11))
+    assert ddp["test_accuracy"].notna().all()
+    sgd1 = table[table["run_id"] == "sgd-digits-mlp-w2-s1"]
+    np.testing.assert_allclose(sgd1["x"], np.linspace(0.0, 4.0, 11))
+    assert sgd1["test_accuracy"].isna().all()
+
+
+def test_curves_by_epoch_and_bad_axis(suite: Path) -> None:
+    runs = [run for run in load(suite) if run.state == "completed"]
+    table = report.curves(runs, x="epoch", grid_points=5)
+    assert table["x"].max() == pytest.approx(4.0)
+    assert table[table["run_id"] == "ddp-digits-mlp-w2-s0"]["test_accuracy"].iloc[-1] == pytest.approx(0.94)
+    with pytest.raises(ValueError, match="x must be one of"):
+        report.curves(runs, x="wall_time_s")
+
+
+def test_aggregate_mean_and_ci(suite: Path) -> None:
+    aggregates = report.aggregate(report.summary(load(suite))).set_index("label")
+    ddp = aggregates.loc[DDP]
+    assert (ddp.runs, ddp.completed, ddp.used) == (3, 2, 2)  # the failed run is counted but not averaged
+    assert ddp.final_accuracy_mean == pytest.approx((0.94 + 0.95) / 2)
+    t_975_1 = 12.706205  # Student t quantile, 1 degree of freedom
+    assert ddp.final_accuracy_ci95 == pytest.approx(t_975_1 * np.std([0.94, 0.95], ddof=1) / np.sqrt(2))
+    assert aggregates.loc[QSGD, "time_to_target_s_n"] == 1  # one of two completed seeds reached the target
+
+
+def test_time_to_target_plot_names_labels_that_never_reached(suite: Path) -> None:
+    table = report.summary(load(suite))
+    table.loc[table["label"] == QSGD, "time_to_target_s"] = np.nan
+    fig = report.plot_time_to_target(table, TARGET)
+    ax = fig.axes[0]
+    assert "never reached by: " + QSGD in ax.get_title()
+    assert [t.get_text() for t in ax.get_xticklabels()] == [f"{DDP}\n(2/3 reached)", f"{QSGD}\n(0/3 reached)"]
+
+    table["time_to_target_s"] = np.nan
+    texts = [t.get_text() for t in report.plot_time_to_target(table, TARGET).axes[0].texts]
+    assert texts == ["No run reached the target accuracy 0.9"]
+
+
+def test_bytes_plot_uses_log_scale_only_for_wide_spans(suite: Path) -> None:
+    table = report.summary(load(suite))
+    assert report.plot_bytes_per_sample(table).axes[0].get_yscale() == "linear"  # 39 vs 3.9 bytes/sample
+    table.loc[table["label"] == QSGD, "bytes_per_sample"] /= 100
+    assert report.plot_bytes_per_sample(table).axes[0].get_yscale() == "log"
+
+
+def test_write_report_files_and_self_contained_html(suite: Path) -> None:
+    with pytest.warns(UserWarning, match="skipped a corrupt line"):
+        index = report.write_report(suite)
+    out = suite / "report"
+    assert index == out / "index.html"
+    for name in ("index.html", "summary.csv", "accuracy_vs_time.png", "accuracy_vs_epoch.png",
+                 "time_to_target.png", "bytes_per_sample.png"):
+        assert (out / name).stat().st_size > 0, name
+        if name.endswith(".png"):
+            assert (out / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+    with (out / "summary.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0])[:13] == list(report.SUMMARY_COLUMNS) and len(rows) == 6
+    never = next(row for row in rows if row["run_id"] == "qsgd-digits-mlp-w2-s1")
+    assert never["time_to_target_s"] == ""  # empty when never reached
+
+    page = index.read_text(encoding="utf-8")
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.IGNORECASE)
+    assert "<script" not in page.lower() and "<link" not in page.lower()
+    sources = re.findall(r'<img[^>]*\ssrc="([^"]*)"', page)
+    assert len(sources) == 4
+    for source in sources:
+        prefix = "data:image/png;base64,"
+        assert source.startswith(prefix)
+        assert base64.b64decode(source[len(prefix):]).startswith(b"\x89PNG")
+    assert "smoke" in page and "Generated " in page
+    assert SIGKILL in page and "rank 1" in page
+    assert "loss became nan at step 15 (lr=0.5 &gt; 0.1 &amp; no warmup)" in page  # escaped
+    assert "0.1 & no" not in page
+    assert "0.945 ± 0.06353 (n=2)" in page  # DDP's final accuracy: mean ± t-CI half-width over 2 seeds
+
+
+def test_write_report_to_another_folder_with_no_completed_run(tmp_path: Path) -> None:
+    suite = tmp_path / "s"
+    write_run(suite, "ddp", DDP, 0, "failed", [(1.0, 0.5)], error={"message": SIGKILL, "rank": 1})
+    index = report.write_report(suite, tmp_path / "elsewhere")
+    assert index == tmp_path / "elsewhere" / "index.html" and index.exists()
+    assert not (suite / "report").exists()
+    assert (tmp_path / "elsewhere" / "summary.csv").exists()
+    assert "No run completed: aggregates and plots use every run." in index.read_text(encoding="utf-8")
+
+
+def test_report_on_empty_folder_raises(tmp_path: Path) -> None:
+    (tmp_path / "empty" / "not-a-run").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"empty: no runs found \(no \*/spec.json\)"):
+        report.write_report(tmp_path / "empty")
+
+
+def test_plots_have_titles_and_axis_labels(suite: Path) -> None:
+    runs = [run for run in load(suite) if run.state == "completed"]
+    ax = report.plot_accuracy(report.curves(runs), "train time (s)", TARGET).axes[0]
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("train time (s)", "test accuracy")
+    assert ax.get_title() and len(ax.get_lines()) >= 2
+    assert report.plot_accuracy(pd.DataFrame(columns=list(report.CURVE_COLUMNS)), "epoch").axes[0].texts

@@ -1,0 +1,136 @@
+"""Tests of the CIFAR ResNets: parameter counts, block structure, shapes and splittability."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from harness import resnet
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These models are tiny: one thread is as fast, and does not thrash when other tests share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_resnet20_has_option_a_parameter_count():
+    # Option A (parameter-free shortcuts) ResNet-20: 269,722. The 272,474 sometimes quoted is option B, which
+    # adds 1x1 conv + BN projections at the two downsampling blocks: (16*32 + 2*32) + (32*64 + 2*64) = 2,752.
+    assert count_parameters(resnet.resnet20()) == 269_722
+    assert 269_722 + (16 * 32 + 2 * 32) + (32 * 64 + 2 * 64) == 272_474
+
+
+@pytest.mark.parametrize("depth, expected", [(8, 75_290), (20, 269_722), (32, 464_154), (44, 658_586),
+                                             (56, 853_018), (110, 1_727_962)])
+def test_cifar_resnet_parameter_counts_match_the_paper(depth, expected):
+    # He et al. 2016, table 6: 0.27M, 0.46M, 0.66M, 0.85M, 1.7M for depths 20, 32, 44, 56, 110.
+    assert count_parameters(resnet.cifar_resnet(depth)) == expected
+
+
+def test_shortcuts_are_parameter_free():
+    model = resnet.resnet20()
+    kernel_sizes = {m.kernel_size for m in model.modules() if isinstance(m, nn.Conv2d)}
+    assert kernel_sizes == {(3, 3)}
+    assert sum(isinstance(m, nn.Conv2d) for m in model.modules()) == 19  # + 1 linear = 20 weighted layers
+
+
+def test_resnet20_is_a_sequential_of_11_blocks():
+    model = resnet.resnet20()
+    assert type(model) is nn.Sequential
+    assert len(model) == 11
+    assert isinstance(model[0][0], nn.Conv2d) and model[0][0].out_channels == 16
+    assert all(isinstance(model[i], resnet.BasicBlock) for i in range(1, 10))
+    assert isinstance(model[10][-1], nn.Linear) and model[10][-1].out_features == 10
+
+
+def test_output_shape_and_classes():
+    x = torch.randn(2, 3, 32, 32)
+    assert resnet.resnet20()(x).shape == (2, 10)
+    assert resnet.resnet20(classes=100)(x).shape == (2, 100)
+
+
+def test_stage_shapes():
+    model = resnet.resnet20().eval()
+    x = torch.randn(2, 3, 32, 32)
+    shapes = {}
+    for i, block in enumerate(model):
+        x = block(x)
+        shapes[i] = tuple(x.shape)
+    assert shapes[0] == shapes[3] == (2, 16, 32, 32)
+    assert shapes[4] == shapes[6] == (2, 32, 16, 16)
+    assert shapes[7] == shapes[9] == (2, 64, 8, 8)
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_running_blocks_one_by_one_equals_the_model(mode):
+    torch.manual_seed(0)
+    model = resnet.resnet20().train(mode == "train")
+    x = torch.randn(4, 3, 32, 32)
+    expected = model(x)
+    out = x
+    for block in model:
+        out = block(out)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    # and a pipeline split between any two blocks gives the same result
+    activations = [x]
+    for block in model:
+        activations.append(block(activations[-1]))
+    for cut in range(1, len(model)):
+        torch.testing.assert_close(model[cut:](activations[cut]), expected, rtol=0, atol=0)
+
+
+def test_downsampling_shortcut_subsamples_and_zero_pads_channels():
+    block = resnet.BasicBlock(16, 32, stride=2)
+    x = torch.randn(2, 16, 8, 8)
+    shortcut = block.shortcut(x)
+    assert shortcut.shape == (2, 32, 4, 4)
+    torch.testing.assert_close(shortcut[:, :16], x[:, :, ::2, ::2])
+    assert torch.count_nonzero(shortcut[:, 16:]) == 0
+    same = resnet.BasicBlock(16, 16)
+    torch.testing.assert_close(same.shortcut(x), x)
+
+
+def test_conv_init_is_kaiming_normal_fan_out():
+    torch.manual_seed(0)
+    model = resnet.cifar_resnet(56)
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    wide = torch.cat([c.weight.flatten() for c in convs if c.out_channels == 64])
+    expected_std = (2.0 / (3 * 3 * 64)) ** 0.5
+    assert abs(wide.std().item() / expected_std - 1) < 0.02
+    assert abs(wide.mean().item()) < 0.05 * expected_std
+    # where in and out channels differ, fan_out (not fan_in) sets the scale
+    for conv in (c for c in convs if c.in_channels != c.out_channels):
+        expected_std = (2.0 / (3 * 3 * conv.out_channels)) ** 0.5
+        assert abs(conv.weight.std().item() / expected_std - 1) < 0.15, (conv, conv.weight.std().item())
+    batch_norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert all(torch.all(bn.weight == 1) and torch.all(bn.bias == 0) for bn in batch_norms)
+
+
+@pytest.mark.parametrize("depth", [0, 2, 7, 19, 21, 100])
+def test_invalid_depth_raises(depth):
+    with pytest.raises(ValueError, match="6n\\+2"):
+        resnet.cifar_resnet(depth)
+
+
+def test_sgd_steps_reduce_loss_on_a_fixed_batch():
+    torch.manual_seed(0)
+    model = resnet.cifar_resnet(8)
+    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for _ in range(3):
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
