@@ -52,22 +52,34 @@ def _bench(rank: int, world_size: int, workload: str, options: dict, rounds: int
     writer = MetricsWriter(tmp / f"metrics{rank}.jsonl", rank, clock)
     loop = Loop(spec, method, ctx.workload.train, ctx.workload.test, ctx.comm, writer, clock)
 
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
     torch.manual_seed(0)
     plain_model = DistributedDataParallel(ctx.workload.make_model())
     plain_opt = torch.optim.SGD(plain_model.parameters(), lr=0.01, momentum=0.9)
+    torch.manual_seed(0)
+    hooked_model = DistributedDataParallel(ctx.workload.make_model())
+    hooked_model.register_comm_hook(None, allreduce_hook)
+    hooked_opt = torch.optim.SGD(hooked_model.parameters(), lr=0.01, momentum=0.9)
     order = DataOrder(len(ctx.workload.train), batch_size, seed=0)
     train = ctx.workload.train
     per = batch_size // world_size
     plain_step = 0
 
-    def plain() -> None:
+    def textbook_step(model, opt) -> None:
         nonlocal plain_step
         idx = order.batch(plain_step)[rank * per:(rank + 1) * per]
         x, y = train.inputs(idx), train.targets(idx)
-        plain_opt.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(plain_model(x), y).backward()
-        plain_opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
         plain_step += 1
+
+    def plain() -> None:
+        textbook_step(plain_model, plain_opt)
+
+    def torch_python_hook() -> None:
+        textbook_step(hooked_model, hooked_opt)
 
     def harness() -> None:
         loop.train_one_step()
@@ -81,7 +93,7 @@ def _bench(rank: int, world_size: int, workload: str, options: dict, rounds: int
         method.train_step(Batch(method_step, 0.0, order.batch(method_step), train, 0))
         method_step += 1
 
-    variants = [("harness", harness), ("plain", plain), ("method", method_only)]
+    variants = [("harness", harness), ("plain", plain), ("method", method_only), ("torch_hook", torch_python_hook)]
     times: dict[str, list[float]] = {name: [] for name, _ in variants}
     for _, fn in variants:  # warm-up
         for _ in range(steps):
@@ -112,6 +124,7 @@ def main() -> None:
     harness = [max(a, b) for a, b in zip(results[0]["harness"], results[1]["harness"], strict=True)]
     plain = [max(a, b) for a, b in zip(results[0]["plain"], results[1]["plain"], strict=True)]
     method = [max(a, b) for a, b in zip(results[0]["method"], results[1]["method"], strict=True)]
+    torch_hook = [max(a, b) for a, b in zip(results[0]["torch_hook"], results[1]["torch_hook"], strict=True)]
     h, p = statistics.median(harness), statistics.median(plain)
     ratios = [a / b for a, b in zip(harness, plain, strict=True)]
     print(f"workload {args.workload} {args.options}, 2 ranks x 1 thread, batch {args.batch_size}, "
@@ -119,6 +132,8 @@ def main() -> None:
     print(f"plain torch DDP : {p * 1e3:8.3f} ms/step (median)")
     print(f"dtbench ddp     : {h * 1e3:8.3f} ms/step (median), the runner's whole step")
     print(f"  method alone  : {statistics.median(method) * 1e3:8.3f} ms/step (median), train_step without the runner")
+    print(f"torch + Python allreduce_hook: {statistics.median(torch_hook) * 1e3:8.3f} ms/step (median), "
+          f"torch's own Python hook, for scale")
     print(f"ratio harness/plain: {h / p:.3f} (median of per-round ratios {statistics.median(ratios):.3f}; "
           f"goal <= 1.05)")
 
