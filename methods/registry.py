@@ -9,6 +9,8 @@ from harness.method import Method
 METHODS: dict[str, str] = {
     "sgd": "methods.sgd:SGD",
     "ddp": "methods.ddp:DDP",
+    "fp16": "methods.fp16:FP16",
+    "qsgd": "methods.qsgd:QSGD",
 }
 
 
