@@ -23,8 +23,13 @@ def elias_gamma_bits(values: torch.Tensor) -> int:
 
 class QSGDCompressor(Compressor):
     """Q_s(v_i) = ||v|| * sgn(v_i) * xi_i / s per bucket of d consecutive values, xi_i = l or l+1 with
-    P(l+1) = s|v_i|/||v|| - l, so E[Q_s(v)] = v. Each value travels as a `bits`-wide code, one sign bit and
-    bits-1 level bits (s = 2^(bits-1) - 1 levels: 1, 7, 127), plus one fp32 scale per bucket."""
+    P(l+1) = s|v_i|/||v|| - l, so E[Q_s(v)] = v. s = 2^(bits-1) - 1 levels (1, 7, 127): each value travels as a
+    `bits`-wide two's-complement code of its signed level, plus one fp32 scale per bucket.
+
+    Implementation: the signed level is floor(s*v_i/||v|| + u) with u ~ U[0, 1). For r = s*v_i/||v|| this takes
+    ceil(r) with probability frac(r) and floor(r) otherwise, which is exactly QSGD's distribution of sgn(v_i)*xi_i
+    (for negative r too), with one uniform draw per value and no separate sign pass.
+    """
 
     def __init__(self, bits: int, bucket_size: int, norm: str = "l2", report_elias: bool = False):
         self.bits = bits
@@ -35,45 +40,58 @@ class QSGDCompressor(Compressor):
         self.elias_bits = 0
         self.elements = 0
 
+    def _split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(full buckets as rows, the partial last bucket) of a flat tensor, without copying."""
+        full = (x.numel() // self.bucket_size) * self.bucket_size
+        return x[:full].view(-1, self.bucket_size), x[full:]
+
     def compress(self, tensor: torch.Tensor, name: str) -> Compressed:
-        n, d = tensor.numel(), self.bucket_size
-        buckets = -(-n // d)
         v = tensor.detach().reshape(-1).float()
-        if buckets * d != n:
-            v = torch.cat([v, v.new_zeros(buckets * d - n)])
-        v = v.view(buckets, d)
-        scale = v.norm(dim=1) if self.norm == "l2" else v.abs().amax(dim=1)
-        # r = s|v_i|/||v||, in [0, s]; level = floor(r + u), u ~ U[0, 1): l+1 with probability r - l.
+        n = v.numel()
+        rows, tail = self._split(v)
+        if self.norm == "l2":
+            scale = torch.cat([rows.norm(dim=1), tail.norm().view(1)] if tail.numel() else [rows.norm(dim=1)])
+        else:
+            scale = torch.cat([rows.abs().amax(dim=1), tail.abs().amax().view(1)] if tail.numel()
+                              else [rows.abs().amax(dim=1)])
         inv = torch.where(scale > 0, self.levels / scale, torch.zeros_like(scale))
-        r = v.abs().mul_(inv.unsqueeze(1))
-        r.add_(torch.rand_like(r)).floor_().clamp_(max=self.levels)
-        codes = r.to(torch.uint8)
+        r = torch.empty_like(v)
+        r_rows, r_tail = self._split(r)
+        torch.mul(rows, inv[:len(rows)].unsqueeze(1), out=r_rows)
+        if tail.numel():
+            torch.mul(tail, inv[-1], out=r_tail)
+        r.add_(torch.rand_like(r)).floor_().clamp_(-self.levels, self.levels)
+        levels = r.to(torch.int8)
         if self.report_elias:
-            self._count_elias(codes, buckets)
-        codes |= (v < 0).to(torch.uint8) << (self.bits - 1)
-        return Compressed([pack_bits(codes.view(-1)[:n], self.bits), scale], n)  # padding is not sent
+            self._count_elias(levels, len(scale))
+        codes = levels.view(torch.uint8)
+        if self.bits < 8:
+            codes = codes & ((1 << self.bits) - 1)
+        return Compressed([pack_bits(codes, self.bits), scale], n)
 
     def decompress(self, payload: list[torch.Tensor], ctx: Any) -> torch.Tensor:
         packed, scale = payload
         n = ctx
-        buckets = scale.numel()
         codes = unpack_bits(packed, self.bits, n)
-        if buckets * self.bucket_size != n:
-            codes = torch.cat([codes, codes.new_zeros(buckets * self.bucket_size - n)])
-        codes = codes.view(buckets, self.bucket_size)
-        # A lookup table from code to signed level: code = sign << (bits-1) | level.
-        table = torch.arange(1 << self.bits, dtype=torch.float32)
-        table = torch.where(table > self.levels, -(table - (1 << (self.bits - 1))), table)
-        values = table[codes.long()].mul_((scale / self.levels).unsqueeze(1))
-        return values.view(-1)[:n]
+        if self.bits < 8:  # sign-extend the bits-wide two's complement code
+            half = 1 << (self.bits - 1)
+            codes = (codes ^ half).view(torch.int8) - half
+        values = codes.view(torch.int8).to(torch.float32)
+        step = scale / self.levels
+        rows, tail = self._split(values)
+        rows.mul_(step[:len(rows)].unsqueeze(1))
+        if tail.numel():
+            tail.mul_(step[-1])
+        return values
 
     def _count_elias(self, levels: torch.Tensor, buckets: int) -> None:
         """Bits of the paper's Elias-coded form: per bucket a 32-bit scale; per non-zero level the gamma code of the
-        gap since the previous non-zero, one sign bit and the gamma code of the level."""
+        gap since the previous non-zero, one sign bit and the gamma code of |level|."""
         flat = levels.view(-1)
         nonzero = flat.nonzero().view(-1)
         gaps = torch.diff(nonzero, prepend=nonzero.new_full((1,), -1))
-        bits = 32 * buckets + elias_gamma_bits(gaps) + nonzero.numel() + elias_gamma_bits(flat[nonzero].long())
+        magnitudes = flat[nonzero].long().abs()
+        bits = 32 * buckets + elias_gamma_bits(gaps) + nonzero.numel() + elias_gamma_bits(magnitudes)
         self.elias_bits += bits
         self.elements += flat.numel()
 
