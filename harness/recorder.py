@@ -62,6 +62,9 @@ def _clean(value: Any) -> Any:
     return value
 
 
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(", ", ": "))
+
+
 class MetricsWriter:
     """Appends one JSON object per line to metrics.jsonl; each line is one write(2) on an O_APPEND descriptor,
     so the ranks of a run can share the file without interleaving inside a line."""
@@ -74,7 +77,11 @@ class MetricsWriter:
     def write(self, kind: str, **fields: Any) -> None:
         record = {"kind": kind, "rank": self.rank, "wall_time_s": round(self.clock.wall(), 6),
                   "train_time_s": round(self.clock.train(), 6), **fields}
-        os.write(self._fd, (json.dumps(_clean(record)) + "\n").encode())
+        try:
+            line = _ENCODER.encode(record)
+        except ValueError:  # a NaN or inf somewhere: the slow path spells them as strings
+            line = _ENCODER.encode(_clean(record))
+        os.write(self._fd, (line + "\n").encode())
 
     def close(self) -> None:
         if self._fd >= 0:
