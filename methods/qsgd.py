@@ -11,7 +11,7 @@ from harness.data import Batch
 from harness.method import StepStats
 from methods.compression.core import Compressed, Compressor
 from methods.compression.method import CompressedDDP, CompressionParams
-from methods.compression.packing import pack_bits, unpack_bits
+from methods.compression.packing import pack_bits_, unpack_bits
 
 
 def elias_gamma_bits(values: torch.Tensor) -> int:
@@ -65,9 +65,13 @@ class QSGDCompressor(Compressor):
         if self.report_elias:
             self._count_elias(levels, len(scale))
         codes = levels.view(torch.uint8)
-        if self.bits < 8:
-            codes = codes & ((1 << self.bits) - 1)
-        return Compressed([pack_bits(codes, self.bits), scale], n)
+        if self.bits == 8:
+            return Compressed([codes, scale], n)
+        per = 8 // self.bits
+        if n % per:  # whole bytes: the pad codes travel as zeros
+            codes = torch.cat([codes, codes.new_zeros(per - n % per)])
+        codes.bitwise_and_((1 << self.bits) - 1)
+        return Compressed([pack_bits_(codes, self.bits), scale], n)
 
     def decompress(self, payload: list[torch.Tensor], ctx: Any) -> torch.Tensor:
         packed, scale = payload

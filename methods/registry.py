@@ -11,6 +11,9 @@ METHODS: dict[str, str] = {
     "ddp": "methods.ddp:DDP",
     "fp16": "methods.fp16:FP16",
     "qsgd": "methods.qsgd:QSGD",
+    "terngrad": "methods.terngrad:TernGrad",
+    "dgc": "methods.dgc:DGC",
+    "onebit": "methods.onebit:OneBit",
 }
 
 

@@ -8,7 +8,7 @@ import torch
 from _dist import context, spawn
 from harness.data import Batch, DataOrder
 from methods.compression.core import Compressed, Compressor, ErrorFeedback
-from methods.compression.packing import from_wire, pack_bits, to_wire, unpack_bits
+from methods.compression.packing import from_wire, pack_bits, pack_bits_, to_wire, unpack_bits
 
 
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
@@ -18,6 +18,17 @@ def test_pack_unpack_round_trip(bits, n):
     packed = pack_bits(codes, bits)
     assert packed.numel() == -(-n * bits // 8)
     assert torch.equal(unpack_bits(packed, bits, n), codes)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4])
+def test_in_place_packing_equals_the_definition(bits):
+    codes = torch.randint(0, 1 << bits, (4096,), dtype=torch.uint8)
+    per = 8 // bits
+    expected = sum(codes.view(-1, per)[:, i].int() << (i * bits) for i in range(per)).to(torch.uint8)
+    before = codes.clone()
+    assert torch.equal(pack_bits(codes, bits), expected)
+    assert torch.equal(codes, before)  # pack_bits leaves its input alone ...
+    assert torch.equal(pack_bits_(codes, bits), expected)  # ... pack_bits_ packs in place
 
 
 def test_pack_rejects_other_widths():

@@ -35,7 +35,8 @@ class Compressor(abc.ABC):
 
     def prepare(self, named: list[tuple[str, torch.Tensor]], comm: Communicator) -> None:
         """Called once per DDP bucket before its tensors are compressed, for collective set-up (TernGrad's shared
-        scalers). `named` is [(parameter name, flat compensated gradient)]. Default: nothing."""
+        scalers). `named` is [(parameter name, flat local gradient, before memory compensation)] of the tensors
+        this compressor will see. Default: nothing."""
         return None
 
     @abc.abstractmethod
@@ -43,6 +44,10 @@ class Compressor(abc.ABC):
 
     @abc.abstractmethod
     def decompress(self, payload: list[torch.Tensor], ctx: Any) -> torch.Tensor: ...
+
+    def decompress_add_(self, out: torch.Tensor, payload: list[torch.Tensor], ctx: Any) -> torch.Tensor:
+        """out += decompress(payload, ctx), in place. Sparse formats override it to scatter straight into `out`."""
+        return out.add_(self.decompress(payload, ctx).view_as(out))
 
     def state_dict(self) -> dict[str, Any]:
         return {}

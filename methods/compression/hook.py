@@ -80,7 +80,7 @@ class CompressionHook:
         if self.compressor.sums:
             fut = self.comm.all_reduce(wire, "gradients", async_op=True)
         else:
-            gathered = torch.empty(world * wire.numel(), dtype=torch.uint8)
+            gathered = torch.empty(world * wire.numel(), dtype=torch.uint8, device=wire.device)
             fut = self.comm.all_gather_into(gathered, wire, "gradients", async_op=True)
 
         def finish(f):
@@ -90,11 +90,12 @@ class CompressionHook:
             rows = [wire] if self.compressor.sums else gathered.view(world, -1).unbind(0)
             payloads = [from_wire(row, layout) for row in rows]
             for i, (name, grad, _) in enumerate(named):
+                # The compressed inputs are no longer needed: the bucket slice becomes the sum of decoded payloads.
                 codec = self._codec(name)
-                total = codec.decompress(payloads[0][i], items[i].ctx)
-                for r in range(1, len(payloads)):
-                    total = total + codec.decompress(payloads[r][i], items[i].ctx)
-                grad.copy_(total.view_as(grad)).div_(world)
+                grad.zero_()
+                for payload in payloads:
+                    codec.decompress_add_(grad, payload[i], items[i].ctx)
+                grad.div_(world)
             self.stats.decompress_s += time.perf_counter() - arrived
             return buffer
 
