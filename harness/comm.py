@@ -148,21 +148,22 @@ class Communicator:
             self._timed("control", lambda: dist.barrier(group=self.group))
 
     # -- point to point -----------------------------------------------------------------------------------------
-    def send(self, tensor: torch.Tensor, dst: int, category: str) -> None:
+    # `tag` separates independent streams between the same two ranks (for example training and evaluation).
+    def send(self, tensor: torch.Tensor, dst: int, category: str, tag: int = 0) -> None:
         self.ledger.add(category, tensor.numel() * tensor.element_size(), 0)
-        self._timed(category, lambda: dist.send(tensor, dst=dst, group=self.group))
+        self._timed(category, lambda: dist.send(tensor, dst=dst, group=self.group, tag=tag))
 
-    def recv(self, tensor: torch.Tensor, src: int, category: str) -> None:
+    def recv(self, tensor: torch.Tensor, src: int, category: str, tag: int = 0) -> None:
         self.ledger.add(category, 0, tensor.numel() * tensor.element_size())
-        self._timed(category, lambda: dist.recv(tensor, src=src, group=self.group))
+        self._timed(category, lambda: dist.recv(tensor, src=src, group=self.group, tag=tag))
 
-    def isend(self, tensor: torch.Tensor, dst: int, category: str) -> dist.Work:
+    def isend(self, tensor: torch.Tensor, dst: int, category: str, tag: int = 0) -> dist.Work:
         self.ledger.add(category, tensor.numel() * tensor.element_size(), 0)
-        return dist.isend(tensor, dst=dst, group=self.group)
+        return dist.isend(tensor, dst=dst, group=self.group, tag=tag)
 
-    def irecv(self, tensor: torch.Tensor, src: int, category: str) -> dist.Work:
+    def irecv(self, tensor: torch.Tensor, src: int, category: str, tag: int = 0) -> dist.Work:
         self.ledger.add(category, 0, tensor.numel() * tensor.element_size())
-        return dist.irecv(tensor, src=src, group=self.group)
+        return dist.irecv(tensor, src=src, group=self.group, tag=tag)
 
     # -- DDP ----------------------------------------------------------------------------------------------------
     def allreduce_hook(self, _state, bucket):  # no annotations: DDP checks them literally, strings fail

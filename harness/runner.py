@@ -15,9 +15,11 @@ from harness.method import EvalResult, Method
 from harness.recorder import MetricsWriter, TrainClock
 
 # Ranks agree on time-based decisions (time budget, eval_every_seconds) and on divergence with one tiny all-reduce
-# (category `control`) about every CONTROL_PERIOD_S of train time: each sync also fixes the step of the next one, from
-# the measured step time (between 1 and CONTROL_MAX_STEPS steps ahead), so fast steps carry no per-step collective.
-CONTROL_PERIOD_S = 0.25
+# (category `control`) about every CONTROL_PERIOD_S of train time. It is asynchronous: launched at step t with each
+# rank's flags, its result is collected and acted on at step t + L by every rank, where L (1 to CONTROL_MAX_STEPS,
+# from the measured step time) was itself agreed by the previous round. A rank ahead of the others (a pipeline's
+# first stage) therefore never waits for them unless it is more than L steps ahead.
+CONTROL_PERIOD_S = 0.5
 CONTROL_MAX_STEPS = 64
 
 
@@ -67,6 +69,8 @@ class Loop:
         self._next_eval_time = spec.budget.eval_every_seconds or math.inf
         self._diverged_at: int | None = None
         self._next_sync_step = 1
+        self._interval = 1
+        self._control = None  # (future, flags) of the control round in flight
 
     def run(self) -> Outcome:
         self.comm.barrier()  # every rank starts its train clock together, after its own set-up
@@ -113,17 +117,34 @@ class Loop:
         time_up = self.plan.max_train_seconds is not None and train_s >= self.plan.max_train_seconds
         eval_due = train_s >= self._next_eval_time
         if self.comm.world_size > 1:
-            if self.step < self._next_sync_step and not last:
-                return False, False, False
-            interval = min(CONTROL_MAX_STEPS, max(1, int(CONTROL_PERIOD_S * self.step / max(train_s, 1e-9))))
-            flags = torch.tensor([float(diverged), float(time_up), float(eval_due), float(interval)])
-            self.comm.all_reduce(flags, "control", op=torch.distributed.ReduceOp.MAX)
-            diverged, time_up, eval_due = (bool(v) for v in flags[:3].tolist())
-            self._next_sync_step = self.step + int(flags[3])
+            agreed = [False, False, False]
+            if self._control is not None and (self.step >= self._next_sync_step or last):
+                agreed = self._collect()
+            if last:  # the final step: one blocking round on the current flags, so nothing is left unsaid
+                self._launch(diverged, time_up, eval_due, train_s)
+                final = self._collect()
+                agreed = [a or b for a, b in zip(agreed, final, strict=True)]
+            elif self._control is None:
+                self._launch(diverged, time_up, eval_due, train_s)
+            diverged, time_up, eval_due = agreed
         if eval_due:
             while self._next_eval_time <= train_s:
                 self._next_eval_time += self.spec.budget.eval_every_seconds or math.inf
         return diverged, time_up, eval_due
+
+    def _launch(self, diverged: bool, time_up: bool, eval_due: bool, train_s: float) -> None:
+        proposal = min(CONTROL_MAX_STEPS, max(1, int(CONTROL_PERIOD_S * self.step / max(train_s, 1e-9))))
+        flags = torch.tensor([float(diverged), float(time_up), float(eval_due), float(proposal)])
+        future = self.comm.all_reduce(flags, "control", op=torch.distributed.ReduceOp.MAX, async_op=True)
+        self._control = (future, flags)
+        self._next_sync_step = self.step + self._interval
+
+    def _collect(self) -> list[bool]:
+        future, flags = self._control
+        future.wait()
+        self._control = None
+        self._interval = int(flags[3])  # the same on every rank: the max of the proposals
+        return [bool(v) for v in flags[:3].tolist()]
 
     def _log_train(self, loss: float, extra: dict[str, Any]) -> None:
         sent, recv = self.comm.ledger.training_bytes()

@@ -14,6 +14,7 @@ METHODS: dict[str, str] = {
     "terngrad": "methods.terngrad:TernGrad",
     "dgc": "methods.dgc:DGC",
     "onebit": "methods.onebit:OneBit",
+    "local": "methods.local:Local",
 }
 
 
