@@ -79,12 +79,14 @@ class Loop:
         while self.plan.max_steps is None or self.step < self.plan.max_steps:
             diverged, time_up, eval_due = self.train_one_step()
             if diverged:
+                self._settle()
                 return Outcome("diverged", self.step, self.order.epoch_of(self.step), self._samples(),
                                self.last_eval, f"non-finite loss at step {self._diverged_at or self.step}")
             if eval_due:
                 self.evaluate()
             if time_up:
                 break
+        self._settle()
         if self.last_eval is None or self.last_eval["step"] != self.step:
             self.evaluate()
         return Outcome("completed", self.step, self.order.epoch_of(self.step), self._samples(), self.last_eval)
@@ -138,6 +140,11 @@ class Loop:
         future = self.comm.all_reduce(flags, "control", op=torch.distributed.ReduceOp.MAX, async_op=True)
         self._control = (future, flags)
         self._next_sync_step = self.step + self._interval
+
+    def _settle(self) -> None:
+        """Wait for a control round still in flight (every rank launched it at the same step)."""
+        if self._control is not None:
+            self._collect()
 
     def _collect(self) -> list[bool]:
         future, flags = self._control
