@@ -41,8 +41,8 @@ class Budget(BaseModel):
         return self
 
     def over(self, base: Budget) -> Budget:
-        """This budget with every unset field taken from `base`."""
-        mine = self.model_dump(exclude_unset=True)
+        """This budget with every unset (None) field taken from `base`; a cadence set here replaces base's."""
+        mine = {k: v for k, v in self.model_dump().items() if v is not None}
         merged = base.model_dump()
         if "eval_every_epochs" in mine:
             merged["eval_every_seconds"] = None

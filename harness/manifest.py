@@ -70,6 +70,6 @@ def build(seed: int, launcher: str, run_dir: Path, threads_per_rank: int, argv: 
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "seed": seed,
         "start_time": utc_now(),
-        "argv": [sys.executable, *(argv if argv is not None else sys.argv)],
+        "argv": list(argv) if argv is not None else [sys.executable, *sys.argv],
         "rerun": f"dtbench rerun {shlex.quote(str(run_dir.resolve()))}",
     }

@@ -119,3 +119,11 @@ def test_label_names_the_group(tmp_path):
 def test_smoke_suite_is_valid(repo_root):
     specs = expand_suite(repo_root / "suites" / "smoke.toml")
     assert {"sgd", "ddp"} <= {s.method for s in specs}
+
+
+def test_run_budget_overrides_suite_and_workload_fill_the_rest(tmp_path):
+    text = GOOD.replace('method = "sgd"', 'method = "sgd"\nbudget = { eval_every_seconds = 2.0 }')
+    sgd = expand_suite(write(tmp_path, text))[0]
+    assert sgd.budget.eval_every_seconds == 2.0 and sgd.budget.eval_every_epochs is None  # the run's cadence wins
+    assert sgd.budget.max_epochs == 2  # from the suite
+    assert sgd.budget.target_accuracy == 0.95  # from the workload
