@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from _compress import gradient_patterns, layout
 from _dist import context, spawn
 from harness.data import Batch, DataOrder
 from methods.compression.core import ErrorFeedback
@@ -69,19 +70,13 @@ def test_one_sided_tensors_take_one_value_and_no_nan(values):
 
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 257, 1000, 4099])
 def test_payload_is_one_bit_per_element_and_matches_pack_bits(n):
-    torch.manual_seed(n)
-    patterns = {
-        "zeros": torch.zeros(n),
-        "normal": torch.randn(n),
-        "wide range": torch.randn(n) * torch.logspace(-6, 6, n),
-        "negative": torch.full((n,), -3.0),
-    }
+    patterns = gradient_patterns(n)
     compressor = OneBitCompressor()
     layouts = set()
     for name, values in patterns.items():
         compressed = compressor.compress(values, "w")
         assert compressed.nbytes == math.ceil(n / 8) + 8, name
-        layouts.add(tuple((t.dtype, tuple(t.shape)) for t in compressed.payload))
+        layouts.add(layout(compressed))
         packed, means = compressed.payload
         assert torch.equal(packed, pack_bits(values < 0, 1)), name
         by_bit = torch.where(unpack_bits(packed, 1, n).bool(), means[1], means[0])

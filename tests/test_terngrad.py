@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from _compress import gradient_patterns, layout
 from _dist import context, spawn
 from harness.data import Batch, DataOrder
 from methods.compression.packing import unpack_bits
@@ -76,19 +77,13 @@ def test_clipping_maps_entries_beyond_c_sigma_to_plus_minus_s():
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 257, 1000, 4099])
 def test_payload_size_depends_only_on_numel(n):
-    torch.manual_seed(n)
-    patterns = {
-        "zeros": torch.zeros(n),
-        "normal": torch.randn(n),
-        "wide range": torch.randn(n) * torch.logspace(-6, 6, n),
-        "constant": torch.full((n,), -3.0),
-    }
+    patterns = gradient_patterns(n)
     compressor = TernGradCompressor()
     layouts = set()
     for name, grad in patterns.items():
         compressed = compressor.compress(grad, "w")
         assert compressed.nbytes == math.ceil(n / 4) + 4, name
-        layouts.add(tuple((t.dtype, tuple(t.shape)) for t in compressed.payload))
+        layouts.add(layout(compressed))
         # The byte-table decode equals decoding unpacked codes one by one (0 -> 0, 1 -> +s, 2 -> -s).
         packed, scaler = compressed.payload
         by_code = torch.tensor([0.0, 1.0, -1.0, 0.0])[unpack_bits(packed, 2, n).long()] * scaler
