@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import io
+import shutil
+import subprocess
+import tarfile
 from pathlib import Path
 
 import nox
@@ -51,3 +56,101 @@ def lint(session: nox.Session) -> None:
     """ruff over the whole tree."""
     session.install("ruff>=0.5")
     session.run("ruff", "check", ".")
+
+
+# -- performance tracking (asv): docs/benchmarks.md -----------------------------------------------------------------
+
+ASV_CONFIG = "asv.conf.json"
+RESULTS_DIR = ROOT / ".asv" / "results"
+
+
+def _commit(ref: str) -> str:
+    """The full hash of a commit-ish (read-only git)."""
+    done = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=ROOT,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ValueError(f"{ref!r} is not a commit of this repository")
+    return done.stdout.strip()
+
+
+def _stored_results(commit: str) -> list[Path]:
+    """asv results files of `commit` (any machine, any environment), oldest first."""
+    return sorted(RESULTS_DIR.glob(f"*/{commit[:8]}-*.json"), key=lambda path: path.stat().st_mtime)
+
+
+def _asv_run(session: nox.Session, commit: str, asv_args: list[str], env: dict[str, str] | None = None) -> None:
+    """asv run in this session's Python (an existing environment: offline), saved under `commit`."""
+    python = Path(session.virtualenv.location) / "bin" / "python"
+    session.run("asv", "machine", "--yes", "--config", ASV_CONFIG, silent=True)
+    session.run("asv", "run", "--config", ASV_CONFIG, "--environment", f"existing:{python}",
+                "--set-commit-hash", commit, "--show-stderr", "--durations", "5", *asv_args, env=env or {})
+
+
+def _bench_options(session: nox.Session) -> tuple[argparse.Namespace, list[str]]:
+    """The bench session's own options, and the rest (for `asv run`)."""
+    parser = argparse.ArgumentParser(prog="nox -s bench --", allow_abbrev=False, exit_on_error=False)
+    parser.add_argument("--compare", metavar="REV")
+    parser.add_argument("--rerun", action="store_true")
+    parser.add_argument("--bench", action="append", default=[], metavar="REGEX")
+    parser.add_argument("--factor")
+    parser.add_argument("--factor-for", action="append", default=[], metavar="GLOB=F")
+    parser.add_argument("--strict", action="store_true")
+    try:
+        return parser.parse_known_args(session.posargs)
+    except argparse.ArgumentError as err:
+        session.error(f"{err}; usage: nox -s bench -- [--compare REV [--rerun] [--factor F] [--factor-for GLOB=F] "
+                      "[--strict]] [--bench REGEX] [other asv run options]")
+
+
+def _baseline(session: nox.Session, rev: str, rerun: bool, asv_args: list[str]) -> Path:
+    """A copy of REV's results (measured first when not stored, when REV is HEAD, or with rerun), or REV's path."""
+    if Path(rev).is_file():
+        return Path(rev)
+    try:
+        base = _commit(rev)
+    except ValueError as err:
+        session.error(str(err))
+    stored = _stored_results(base)
+    if rerun or base == _commit("HEAD") or not stored:
+        export = Path(session.create_tmp()) / f"export-{base[:8]}"
+        shutil.rmtree(export, ignore_errors=True)
+        export.mkdir(parents=True)
+        archive = subprocess.run(["git", "archive", base], cwd=ROOT, capture_output=True, check=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(export, filter="data")
+        session.log(f"measuring {rev} ({base[:8]}) from {export} with the working tree's benchmarks")
+        # The slowdown switch is for the working tree only: the baseline runs without it.
+        _asv_run(session, base, asv_args, env={"DTBENCH_BENCH_ROOT": str(export), "DTBENCH_BENCH_SLOWDOWN": "1"})
+        stored = _stored_results(base)
+    # A copy: measuring the working tree as HEAD overwrites HEAD's file when REV is HEAD.
+    baseline = ROOT / ".asv" / "compare" / f"{base[:8]}.json"
+    baseline.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(stored[-1], baseline)
+    return baseline
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """asv on the working tree, saved as the current commit in .asv/results, then the summary in .asv/summary.
+
+    `-- --compare REV` then fails on a regression against REV beyond a factor (benchmarks/regress.py: --factor 1.25,
+    --factor-for GLOB=F, --strict), measuring REV from a clean export when its results are not stored (or --rerun).
+    `--bench REGEX` narrows both; other arguments go to `asv run`. DTBENCH_BENCH_SLOWDOWN=F slows the fixture
+    benchmark of the working tree only, to check the check.
+    """
+    options, asv_extra = _bench_options(session)
+    asv_args = [*(arg for regex in options.bench for arg in ("--bench", regex)), *asv_extra]
+    install(session, "bench")
+    session.env.update({"MPLBACKEND": "Agg"})
+    baseline = _baseline(session, options.compare, options.rerun, asv_args) if options.compare else None
+    head = _commit("HEAD")
+    try:
+        _asv_run(session, head, asv_args)
+    finally:  # a failed benchmark still leaves the others' results, and the summary lists it
+        session.run("python", "benchmarks/summary.py")
+    if baseline is not None:
+        regress_args = [*(arg for regex in options.bench for arg in ("--bench", regex)),
+                        *(["--factor", options.factor] if options.factor else []),
+                        *(arg for rule in options.factor_for for arg in ("--factor-for", rule)),
+                        *(["--strict"] if options.strict else [])]
+        session.run("python", "benchmarks/regress.py", str(baseline), head, *regress_args)

@@ -1,0 +1,133 @@
+"""The runner's hot paths: one training step of sgd (in-process) and ddp (2 gloo processes) on synthetic-mlp, next
+to a hand-written torch DDP loop, and the fixed start-up cost of a whole 1-step `dtbench run`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch  # at import: asv's forkserver then imports it once for every benchmark process
+
+from . import CODE_ROOT
+
+DDP_ROUNDS = 5  # alternating blocks of each variant
+DDP_STEPS = 20  # steps per block (and warm-up steps per variant)
+
+
+class SGDStep:
+    """`Loop.train_one_step` of sgd in this process, one thread: batch, forward/backward/update, train record."""
+
+    timeout = 120
+
+    def setup(self) -> None:
+        from dtbench_bench_ranks import make_loop
+
+        torch.set_num_threads(1)
+        self.folder = Path(tempfile.mkdtemp(prefix="dtbench-bench-"))
+        self.loop = make_loop("sgd", 0, 1, self.folder)
+        for _ in range(5):
+            self.loop.train_one_step()
+
+    def teardown(self) -> None:
+        self.loop.writer.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def time_sgd_step(self) -> None:
+        self.loop.train_one_step()
+
+
+class DDPStep:
+    """dtbench's ddp step (the runner's whole step) and a hand-written torch DDP step, 2 gloo ranks x 1 thread.
+
+    One spawn measures both in alternating blocks (setup_cache); per round the slower rank's time counts, and the
+    tracked values are medians over rounds.
+    """
+
+    timeout = 300
+
+    def setup_cache(self) -> dict[str, float]:
+        from dtbench_bench_ranks import ddp_against_torch
+
+        from _dist import spawn
+
+        ranks = spawn(ddp_against_torch, 2, DDP_ROUNDS, DDP_STEPS, timeout=240)
+        ddp = [max(values) for values in zip(*(times["ddp"] for times in ranks), strict=True)]
+        plain = [max(values) for values in zip(*(times["torch"] for times in ranks), strict=True)]
+        return {"ddp": statistics.median(ddp), "torch": statistics.median(plain),
+                "ratio": statistics.median(a / b for a, b in zip(ddp, plain, strict=True))}
+
+    def track_ddp_step(self, cache: dict[str, float]) -> float:
+        return cache["ddp"]
+
+    track_ddp_step.unit = "seconds"
+
+    def track_torch_ddp_step(self, cache: dict[str, float]) -> float:
+        return cache["torch"]
+
+    track_torch_ddp_step.unit = "seconds"
+
+    def track_ddp_vs_torch_ddp(self, cache: dict[str, float]) -> float:
+        """dtbench ddp / hand-written torch DDP, per-round ratio's median; 1.0 means no overhead."""
+        return cache["ratio"]
+
+    track_ddp_vs_torch_ddp.unit = "x torch DDP"
+
+
+STARTUP_SUITE = """\
+# A 1-step suite: what `dtbench run` costs before and after any training.
+name = "startup"
+workload = "synthetic-mlp"
+seeds = [0]
+threads_per_rank = 1
+
+[workload_options]
+in_features = 32
+hidden = 64
+depth = 1
+num_train = 256
+num_test = 64
+
+[budget]
+max_steps = 1
+
+[defaults]
+batch_size = 32
+
+[[run]]
+method = "{method}"
+world_size = {world_size}
+"""
+
+
+class RunStartup:
+    """A whole `dtbench run` of a 1-step suite in a fresh interpreter: imports, launch, rendezvous, one step, one
+    evaluation, the result files. Nearly all of it is the fixed cost every run pays."""
+
+    params = ["sgd", "ddp"]
+    param_names = ["method"]
+    number = 1
+    repeat = (2, 3, 20.0)
+    rounds = 1
+    warmup_time = 0.0
+    timeout = 300
+
+    def setup(self, method: str) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="dtbench-bench-"))
+        self.suite = self.folder / "startup.toml"
+        self.suite.write_text(STARTUP_SUITE.format(method=method, world_size=1 if method == "sgd" else 2))
+        self.env = {**os.environ, "PYTHONPATH": str(CODE_ROOT), "MPLBACKEND": "Agg"}
+        self.runs = 0
+
+    def teardown(self, method: str) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def time_dtbench_run_1_step(self, method: str) -> None:
+        self.runs += 1
+        out = self.folder / f"out{self.runs}"
+        subprocess.run([sys.executable, "-m", "harness.cli", "run", str(self.suite), "--out", str(out), "--quiet"],
+                       check=True, env=self.env, cwd=self.folder, stdout=subprocess.DEVNULL)
