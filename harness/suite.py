@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from dataclasses import dataclass
@@ -33,8 +34,6 @@ def prepare_run_dir(spec: RunSpec, out: Path) -> Path:
 
 
 def is_completed(run_dir: Path) -> bool:
-    import json
-
     try:
         return json.loads((run_dir / "status.json").read_text()).get("state") == "completed"
     except (OSError, ValueError):
