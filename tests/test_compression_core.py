@@ -93,3 +93,55 @@ def test_ranks_hold_identical_parameters_after_every_step(method, params):
     # The bytes in the ledger are the bytes the hook handed over (2 ranks: all-gather and all-reduce both move n).
     assert by_cat["gradients"][0] == sum(e["payload_bytes"] for e in extras)
     assert all(e["compression_ratio"] > 1.9 for e in extras)
+
+
+class _Half(Compressor):
+    """A compressor whose payload sums: fp16, to exercise the hook's all-reduce strategy."""
+
+    sums = True
+
+    def compress(self, tensor, name):
+        return Compressed([tensor.half()])
+
+    def decompress(self, payload, ctx):
+        return payload[0].float()
+
+
+def _half_steps(rank, world_size, steps):
+    from methods.compression.method import CompressedDDP
+
+    class HalfDDP(CompressedDDP):
+        name = "half"
+
+        def make_compressor(self):
+            return _Half()
+
+    _, ctx = context("qsgd", rank, world_size, {})
+    method = HalfDDP(ctx)
+    order = DataOrder(len(ctx.workload.train), 32, seed=0)
+    history, extras = [], []
+    for step in range(steps):
+        stats = method.train_step(Batch(step, 0.0, order.batch(step), ctx.workload.train, 0))
+        history.append(torch.cat([p.detach().flatten() for p in method.model.module.parameters()]))
+        extras.append(stats.extra)
+    grads = torch.cat([p.grad.flatten() for p in method.model.module.parameters()])
+    return history, extras, ctx.comm.ledger.by_category(), grads
+
+
+@pytest.mark.slow
+def test_summing_payloads_are_all_reduced_in_their_own_dtype():
+    (h0, extras, by_cat, g0), (h1, _, _, g1) = spawn(_half_steps, 2, 3)
+    assert all(torch.equal(a, b) for a, b in zip(h0, h1, strict=True))
+    assert torch.equal(g0, g1)
+    n = g0.numel()
+    assert all(e["payload_bytes"] == 2 * n and e["compression_ratio"] == 2.0 for e in extras)
+    assert by_cat["gradients"] == [3 * 2 * n, 3 * 2 * n]  # W = 2: an all-reduce moves n bytes each way
+
+
+def test_a_summing_compressor_refuses_dense_tensors():
+    from harness.comm import Communicator
+    from methods.compression.core import Memory
+    from methods.compression.hook import CompressionHook
+
+    with pytest.raises(ValueError, match="cannot be mixed with dense fp32"):
+        CompressionHook(Communicator(0, 1), _Half(), Memory(), {}, {"bias"})

@@ -35,9 +35,10 @@ class CompressionHook:
     """A DDP communication hook over a compressor and a memory, with every byte through the Communicator.
 
     For each bucket: per parameter, g <- memory.compensate(g); c <- compressor.compress(g); memory.update(g, c).
-    The payloads of the bucket travel as one flat byte buffer: all-reduced if the compressor's payload sums, else
-    all-gathered (every rank's layout is the same, so no padding or size exchange is needed). Every rank then
-    decompresses every rank's payload and writes the average into the bucket.
+    If the compressor's payloads sum (`sums`), they are concatenated in their own dtype and all-reduced, then
+    decompressed once. Otherwise the bucket's payloads travel as one flat byte buffer, all-gathered (every rank's
+    layout is the same, so no padding or size exchange is needed), and every rank decompresses every rank's
+    payload. Either way the average is written into the bucket.
     """
 
     def __init__(self, comm: Communicator, compressor: Compressor, memory: Memory,
@@ -47,6 +48,9 @@ class CompressionHook:
         self.memory = memory
         self.names = names
         self.dense = dense  # parameter names sent as plain fp32, bypassing compressor and memory
+        if compressor.sums and dense:
+            raise ValueError("a compressor whose payloads sum is all-reduced in its own dtype: it cannot be mixed "
+                             "with dense fp32 tensors (leave min_compress_numel at 0)")
         self.stats = CompressionStats()
 
     def _codec(self, name: str) -> Compressor:
@@ -70,30 +74,40 @@ class CompressionHook:
             compressed = self.compressor.compress(compensated, name)
             self.memory.update(compensated, name, self.compressor, compressed)
             items.append(compressed)
-        wire, layout = to_wire(items)
+        world = self.comm.world_size
+        if self.compressor.sums:
+            # Payloads that sum are all-reduced in their own dtype, concatenated: one collective per bucket.
+            wire = torch.cat([t.reshape(-1) for item in items for t in item.payload])
+            sizes = [t.numel() for item in items for t in item.payload]
+            gathered = wire
+        else:
+            # Anything else travels as bytes, all-gathered (equal layouts on every rank: no size exchange).
+            wire, layout = to_wire(items)
+            gathered = torch.empty(world * wire.numel(), dtype=torch.uint8, device=wire.device)
         sent = time.perf_counter()
         self.stats.compress_s += sent - start
         self.stats.dense_bytes += buffer.numel() * 4
-        self.stats.payload_bytes += wire.numel()
-        world = self.comm.world_size
-        gathered = wire
+        self.stats.payload_bytes += wire.numel() * wire.element_size()
         if self.compressor.sums:
             fut = self.comm.all_reduce(wire, "gradients", async_op=True)
         else:
-            gathered = torch.empty(world * wire.numel(), dtype=torch.uint8, device=wire.device)
             fut = self.comm.all_gather_into(gathered, wire, "gradients", async_op=True)
 
         def finish(f):
             arrived = time.perf_counter()
             self.stats.communicate_s += arrived - sent
             f.wait()  # re-raises a communication error here
-            rows = [wire] if self.compressor.sums else gathered.view(world, -1).unbind(0)
-            payloads = [from_wire(row, layout) for row in rows]
+            if self.compressor.sums:
+                parts = iter(wire.split(sizes))
+                payloads = [[next(parts).view_as(t) for t in item.payload] for item in items]
+                rows = [payloads]
+            else:
+                rows = [from_wire(row, layout) for row in gathered.view(world, -1).unbind(0)]
             for i, (name, grad, _) in enumerate(named):
                 # The compressed inputs are no longer needed: the bucket slice becomes the sum of decoded payloads.
                 codec = self._codec(name)
                 grad.zero_()
-                for payload in payloads:
+                for payload in rows:
                     codec.decompress_add_(grad, payload[i], items[i].ctx)
                 grad.div_(world)
             self.stats.decompress_s += time.perf_counter() - arrived
