@@ -20,37 +20,21 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks" / "asv")]  # _dist, and the shared rank-side loop
 
 
 def _bench(rank: int, world_size: int, workload: str, options: dict, rounds: int, steps: int, batch_size: int):
     import torch
     import torch.distributed as dist
+    from dtbench_bench_ranks import make_loop
     from torch.nn.parallel import DistributedDataParallel
 
-    from _dist import context
-    from harness.config import Budget, RunSpec
     from harness.data import DataOrder
-    from harness.recorder import MetricsWriter, TrainClock
-    from harness.runner import Loop
 
     params = {"batch_size": batch_size, "lr": 0.01, "momentum": 0.9}
-    cls, ctx = context("ddp", rank, world_size, params, workload=workload)
-    if options:
-        from harness import workloads
-
-        ctx.workload = workloads.get(workload).instantiate(options)
-        torch.manual_seed(0)
-    method = cls(ctx)
-    spec = RunSpec(suite="bench", run_id="bench", label="ddp", method="ddp", family="data-parallel",
-                   workload=workload, workload_options=options, world_size=world_size, seed=0,
-                   params=ctx.params.model_dump(), budget=Budget(max_steps=10**9), threads_per_rank=1,
-                   deterministic=False, log_every_steps=1)
-    tmp = Path(tempfile.mkdtemp())
-    clock = TrainClock()
-    clock.start_training()
-    writer = MetricsWriter(tmp / f"metrics{rank}.jsonl", rank, clock)
-    loop = Loop(spec, method, ctx.workload.train, ctx.workload.test, ctx.comm, writer, clock)
+    loop = make_loop("ddp", rank, world_size, Path(tempfile.mkdtemp()), workload, params, options)
+    method, ctx, writer = loop.method, loop.method.ctx, loop.writer
 
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 

@@ -15,20 +15,28 @@ WORKLOAD = "synthetic-mlp"  # default sizes: 256 -> 4 x 512 -> 10 (about 0.9M pa
 PARAMS = {"batch_size": 128, "lr": 0.05, "momentum": 0.9}
 
 
-def make_loop(method_name: str, rank: int, world_size: int, folder: Path) -> Any:
-    """A runner Loop of `method_name` on synthetic-mlp, one train record per step into folder/metrics<rank>.jsonl.
+def make_loop(method_name: str, rank: int, world_size: int, folder: Path, workload: str = WORKLOAD,
+              params: dict | None = None, options: dict | None = None) -> Any:
+    """A runner Loop of `method_name` (default: on synthetic-mlp with PARAMS), one train record per step into
+    folder/metrics<rank>.jsonl.
 
     The process group must exist when world_size > 1. Nothing is evaluated: callers drive `train_one_step`.
     """
+    import torch
+
     from _dist import context
+    from harness import workloads
     from harness.config import Budget, RunSpec
     from harness.recorder import MetricsWriter, TrainClock
     from harness.runner import Loop
 
-    cls, ctx = context(method_name, rank, world_size, PARAMS, workload=WORKLOAD, run_dir=folder)
+    cls, ctx = context(method_name, rank, world_size, params or PARAMS, workload=workload, run_dir=folder)
+    if options:
+        ctx.workload = workloads.get(workload).instantiate(options)
+        torch.manual_seed(0)
     method = cls(ctx)
     spec = RunSpec(suite="bench", run_id="bench", label=method_name, method=method_name, family=cls.family,
-                   workload=WORKLOAD, workload_options={}, world_size=world_size, seed=0,
+                   workload=workload, workload_options=options or {}, world_size=world_size, seed=0,
                    params=ctx.params.model_dump(), budget=Budget(max_steps=10**9), threads_per_rank=1,
                    deterministic=False, log_every_steps=1)
     clock = TrainClock()
