@@ -45,9 +45,10 @@ class RunContext:
 
 @dataclass
 class StepStats:
-    """What one train_step reports: this rank's loss on the step, and any method-specific numbers."""
+    """What one train_step reports: this rank's loss on the step (None on a rank that computes no loss, such as a
+    pipeline stage before the last), and any method-specific numbers."""
 
-    loss: float
+    loss: float | None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -100,6 +101,11 @@ class Method(abc.ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise NotImplementedError(f"method {self.name!r} does not support checkpoints")
+
+    def end_training(self) -> None:
+        """Called once after the last train_step, before the final evaluation, with the train clock running. A method
+        with work in flight (an asynchronous pipeline's minibatches) completes it here (default: nothing)."""
+        return None
 
     def finish(self) -> None:
         """Release resources at the end of a run (default: nothing)."""

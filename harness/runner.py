@@ -80,15 +80,16 @@ class Loop:
             diverged, time_up, eval_due = self.train_one_step()
             if diverged:
                 self._settle()
+                self.method.end_training()
                 return Outcome("diverged", self.step, self.order.epoch_of(self.step), self._samples(),
                                self.last_eval, f"non-finite loss at step {self._diverged_at or self.step}")
+            if time_up or (self.plan.max_steps is not None and self.step >= self.plan.max_steps):
+                break  # the final evaluation comes after end_training, below
             if eval_due:
                 self.evaluate()
-            if time_up:
-                break
         self._settle()
-        if self.last_eval is None or self.last_eval["step"] != self.step:
-            self.evaluate()
+        self.method.end_training()
+        self.evaluate()
         return Outcome("completed", self.step, self.order.epoch_of(self.step), self._samples(), self.last_eval)
 
     def train_one_step(self) -> tuple[bool, bool, bool]:
@@ -100,7 +101,7 @@ class Loop:
                       self.spec.seed)
         stats = self.method.train_step(batch)
         self.step += 1
-        finite = math.isfinite(stats.loss)
+        finite = stats.loss is None or math.isfinite(stats.loss)
         if self._diverged_at is None and not finite:
             self._diverged_at = self.step
         if self.step % self.spec.log_every_steps == 0 or not finite:

@@ -15,6 +15,9 @@ METHODS: dict[str, str] = {
     "dgc": "methods.dgc:DGC",
     "onebit": "methods.onebit:OneBit",
     "local": "methods.local:Local",
+    "gpipe": "methods.gpipe:GPipe",
+    "1f1b": "methods.one_f_one_b:OneFOneB",
+    "pipedream": "methods.pipedream:PipeDream",
 }
 
 

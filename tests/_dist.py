@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import pickle
 import queue
+import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -54,7 +55,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 
 
 
 def context(method_name: str, rank: int, world_size: int, params: dict | None = None, workload: str = "digits-mlp",
-            run_dir: Path | None = None, seed: int = 0):
+            run_dir: Path | None = None, seed: int = 0, options: dict | None = None):
     """A RunContext for `method_name` on `workload`, as the worker builds it (the process group must exist)."""
     import torch
     import torch.distributed as dist
@@ -69,9 +70,9 @@ def context(method_name: str, rank: int, world_size: int, params: dict | None = 
     merged.update(params or {})
     group = dist.group.WORLD if dist.is_initialized() else None
     comm = Communicator(rank, world_size, group)
-    instance = workloads.get(workload).instantiate()
+    instance = workloads.get(workload).instantiate(options)
     ctx = RunContext(rank=rank, world_size=world_size, device=torch.device("cpu"), workload=instance,
                      params=cls.Params.model_validate(merged), comm=comm, seed=seed,
-                     run_dir=run_dir or Path("."), log=lambda kind, **f: None)
+                     run_dir=run_dir or Path(tempfile.mkdtemp(prefix="dtbench-test-")), log=lambda kind, **f: None)
     torch.manual_seed(seed)
     return cls, ctx

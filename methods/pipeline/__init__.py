@@ -1,0 +1,1 @@
+"""The pipeline core: partitions, schedules as data, executors, weight-version policies and the partitioner."""

@@ -1,0 +1,48 @@
+"""Synchronous pipelines with a flush every minibatch: M microbatches, one update, the same gradient as SGD."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from harness.data import Batch
+from harness.method import StepStats
+from methods.pipeline.method import PipelineMethod, PipelineParams
+from methods.pipeline.schedule import Schedule
+from methods.pipeline.versions import Live, WeightPolicy
+
+
+class FlushedParams(PipelineParams):
+    microbatches: int = Field(default=4, ge=1, description="microbatches per minibatch (M)")
+
+
+class FlushedPipeline(PipelineMethod):
+    """Every minibatch is cut into M microbatches (torch.tensor_split of its sample ids), run through the schedule,
+    and applied in one update at the end: the flush. The last stage weighs each microbatch's mean loss by its share
+    of the minibatch, so the accumulated gradient is the minibatch gradient of single-process SGD (transparency)."""
+
+    Params: ClassVar[type[FlushedParams]] = FlushedParams
+    make_schedule: ClassVar[Callable[[int, int], Schedule]]
+
+    @classmethod
+    def check_world_size(cls, world_size: int, params: FlushedParams) -> str | None:
+        if params.microbatches > params.batch_size:
+            return f"microbatches = {params.microbatches} exceeds batch_size = {params.batch_size}"
+        return super().check_world_size(world_size, params)
+
+    def make_policy(self, stage: int, stages: int, module: nn.Module) -> WeightPolicy:
+        return Live(module)
+
+    def microbatch_size(self) -> int:
+        return max(1, self.ctx.params.batch_size // self.ctx.params.microbatches)
+
+    def train_step(self, batch: Batch) -> StepStats:
+        m = self.ctx.params.microbatches
+        if not hasattr(self, "_schedule"):
+            self._schedule = type(self).make_schedule(self.S, m)
+        splits = list(torch.tensor_split(batch.indices, m))
+        return self.run(self._schedule, self.micros(batch, splits, list(range(m))), batch.step)

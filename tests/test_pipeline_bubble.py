@@ -1,0 +1,46 @@
+"""The measured GPipe bubble on a balanced model, against (S-1)/(M+S-1)."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from _dist import context, spawn
+from harness.data import Batch, DataOrder
+from methods.pipeline.bubble import ideal_bubble, step_bubble
+
+# A cheap 64 -> 1024 input layer, four 1024 x 1024 layers and a small head: blocks [0, 3) and [3, 6) are balanced
+# stages (the input layer, whose backward computes no input gradient, costs almost nothing; so does the head).
+BALANCED = {"in_features": 64, "hidden": 1024, "depth": 5, "num_train": 1024, "num_test": 64}
+
+
+def _gpipe_ranks(rank, world_size, steps):
+    cls, ctx = context("gpipe", rank, world_size, {"microbatches": 8, "batch_size": 256, "partition": [3],
+                                                   "trace_steps": steps}, workload="synthetic-mlp",
+                       options=BALANCED)
+    records = []
+    ctx.log = lambda kind, **f: records.append((kind, f))
+    method = cls(ctx)
+    order = DataOrder(len(ctx.workload.train), 256, seed=0)
+    for t in range(steps):
+        method.train_step(Batch(t, 0.0, order.batch(t), ctx.workload.train, 0))
+    method.finish()
+    return {f["step"]: f["events"] for kind, f in records if kind == "trace"}
+
+
+def test_step_bubble_of_an_ideal_gpipe_timeline():
+    # S=2, M=2, forward 1, backward 2: stage 0 F0 F1 . . . B0 B1 ; stage 1 . F0 F1 B0 B1
+    s0 = [("forward", 0, 0, 1, 0), ("forward", 1, 1, 2, 0), ("backward", 0, 5, 7, 0), ("backward", 1, 7, 9, 0)]
+    s1 = [("recv_act", 0, 0, 1, -1), ("forward", 0, 1, 2, 0), ("forward", 1, 2, 3, 0), ("backward", 0, 3, 5, 0),
+          ("backward", 1, 5, 7, 0)]
+    assert step_bubble([s0, s1]) == pytest.approx(1 - 6 / 9) == pytest.approx(ideal_bubble(2, 2))
+
+
+@pytest.mark.slow
+def test_measured_gpipe_bubble_is_the_ideal_one():
+    steps = 6
+    traces = spawn(_gpipe_ranks, 2, steps)
+    bubbles = [step_bubble([traces[0][t], traces[1][t]]) for t in range(2, steps + 1) if t in traces[0]]
+    measured = statistics.median(bubbles)
+    assert abs(measured - ideal_bubble(2, 8)) < 0.05, (measured, bubbles)
