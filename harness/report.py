@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from harness.report_pipeline import gantt_figures, measured_bubble
 from harness.results import RunResult, load_suite
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ SUMMARY_COLUMNS = (
     "suite", "run_id", "method", "workload", "world_size", "seed", "state", "final_accuracy", "best_accuracy",
     "time_to_target_s", "train_time_s", "total_bytes", "bytes_per_sample",
 )  # fmt: skip
-EXTRA_COLUMNS = ("label", "family", "steps", "epochs")
+EXTRA_COLUMNS = ("label", "family", "steps", "epochs", "bubble")
 CURVE_COLUMNS = ("label", "seed", "run_id", "x", "test_accuracy")
 #: Summary columns that the per-label aggregate averages over seeds, with their display names.
 AGGREGATED = {
@@ -99,6 +100,7 @@ def run_summary(run: RunResult) -> dict[str, Any]:
         "family": spec.get("family"),
         "steps": _numeric(rank0, "step").max(),
         "epochs": float(_numeric(rank0, "epoch").max()),
+        "bubble": measured_bubble(run),
     }
 
 
@@ -113,6 +115,7 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
     - bytes_per_sample: total_bytes / the (global) samples of rank 0's last train record; NaN if 0 or missing.
     - state: status.json's state, "unknown" when it is missing.
     - steps / epochs: the largest step / epoch of rank 0's records of KNOWN_KINDS.
+    - bubble: a multi-process pipeline run's measured idle share, from its `trace` records (NaN for others).
     A run without metrics still gets a row (NaN metrics, 0 bytes).
     """
     table = pd.DataFrame([run_summary(run) for run in runs], columns=[*SUMMARY_COLUMNS, *EXTRA_COLUMNS])
@@ -513,8 +516,8 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
 def write_report(suite_dir: str | Path, out_dir: str | Path | None = None) -> Path:
     """Write summary.csv, the PNG plots and index.html for a suite folder; return the path of index.html.
 
-    Plots: accuracy against train time and epochs, time to target, bytes per sample, and (when some run has
-    auxiliary heads) per-chunk head accuracy.
+    Plots: accuracy against train time and epochs, time to target, bytes per sample, (when some run has
+    auxiliary heads) per-chunk head accuracy, and a Gantt chart of a traced step per pipeline label.
 
     out_dir defaults to suite_dir/report. Aggregates, curves and bar plots use the completed runs (every run
     when none completed); the summary table lists every run. Raises ValueError when the folder holds no run.
@@ -543,6 +546,7 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     heads = head_accuracies(used)
     if not heads.empty:
         figures["head_accuracy.png"] = plot_head_accuracy(heads)
+    figures.update(gantt_figures(used))
     images = {}
     for name, fig in figures.items():
         images[name] = png_bytes(fig)

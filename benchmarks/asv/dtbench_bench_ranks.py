@@ -90,3 +90,131 @@ def ddp_against_torch(rank: int, world_size: int, rounds: int, steps: int) -> di
                 times[name].append((time.perf_counter() - start) / steps)
         loop.writer.close()
     return times
+
+
+def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, width: int = 2048, layers: int = 8,
+                           batch: int = 256, microbatches: int = 8) -> dict[str, Any]:
+    """Step times of our gpipe and 1f1b executors and of torch.distributed.pipelining's ScheduleGPipe and
+    Schedule1F1B, on the same split (layers / world_size Linear(width, width) per stage), microbatches, loss and SGD
+    update, in the same processes, in alternating blocks of `steps` steps. Returns per-variant block times (s/step),
+    and the gpipe bubble per traced step measured on this rank (the trace events, for the caller to combine)."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from harness.comm import Communicator
+    from methods.pipeline import schedule as schedules
+    from methods.pipeline.executor import Micro, ProcessExecutor
+    from methods.pipeline.stage import Stage
+    from methods.pipeline.versions import Live
+
+    per = layers // world_size
+    last = rank == world_size - 1
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, width, generator=g)
+    y = torch.randint(0, width, (batch,), generator=g)
+    mb = batch // microbatches
+
+    def stage_module() -> nn.Sequential:
+        torch.manual_seed(0)
+        full = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+        return full[rank * per:(rank + 1) * per]
+
+    comm = Communicator(rank, world_size, dist.group.WORLD)
+    ours_module = stage_module()
+    ours_opt = torch.optim.SGD(ours_module.parameters(), lr=1e-4)
+    stage = Stage(rank, world_size, ours_module, ours_opt, Live(ours_module), nn.functional.cross_entropy)
+    executor = ProcessExecutor(stage, comm, list(range(world_size)), [(width,)] * world_size)
+    micro = Micro(sizes={m: mb for m in range(microbatches)})
+    if rank == 0:
+        micro.inputs = dict(enumerate(torch.split(x, mb)))
+    if last:
+        micro.targets = dict(enumerate(torch.split(y, mb)))
+        micro.scales = {m: 1.0 / microbatches for m in range(microbatches)}
+    plans = {"gpipe": schedules.gpipe(world_size, microbatches)[rank],
+             "1f1b": schedules.one_f_one_b(world_size, microbatches)[rank]}
+    traces: list = []
+
+    def ours(kind: str):
+        def step() -> None:
+            trace = executor.run(plans[kind], micro)
+            if kind == "gpipe":
+                traces.append(trace.events)
+        return step
+
+    torch_module = stage_module()
+    torch_opt = torch.optim.SGD(torch_module.parameters(), lr=1e-4)
+    pipe_stage = PipelineStage(torch_module, rank, world_size, torch.device("cpu"))
+    loss_fn = nn.functional.cross_entropy
+
+    def theirs(cls):
+        sched = cls(pipe_stage, n_microbatches=microbatches, loss_fn=loss_fn)
+
+        def step() -> None:
+            torch_opt.zero_grad(set_to_none=True)
+            if rank == 0:
+                sched.step(x)
+            elif last:
+                sched.step(target=y)
+            else:
+                sched.step()
+            torch_opt.step()
+        return step
+
+    variants = [("ours_gpipe", ours("gpipe")), ("torch_gpipe", theirs(ScheduleGPipe)),
+                ("ours_1f1b", ours("1f1b")), ("torch_1f1b", theirs(Schedule1F1B))]
+    times: dict[str, Any] = {name: [] for name, _ in variants}
+    for _, fn in variants:  # warm-up
+        fn()
+    traces.clear()
+    for r in range(rounds):
+        for name, fn in variants if r % 2 == 0 else reversed(variants):
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            dist.barrier()
+            times[name].append((time.perf_counter() - start) / steps)
+    executor.flush()
+    times["gpipe_traces"] = traces
+    return times
+
+
+def single_process_baselines(steps: int, width: int = 2048, layers: int = 8, batch: int = 256,
+                             microbatches: int = 8) -> dict[str, float]:
+    """Median step times of the whole model in this process: one thread accumulating `microbatches` microbatches,
+    and two threads on the whole batch."""
+    import statistics
+
+    import torch
+    from torch import nn
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, width, generator=g)
+    y = torch.randint(0, width, (batch,), generator=g)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    def step(parts: int) -> None:
+        opt.zero_grad(set_to_none=True)
+        for xs, ys in zip(torch.split(x, batch // parts), torch.split(y, batch // parts), strict=True):
+            (nn.functional.cross_entropy(model(xs), ys) / parts).backward()
+        opt.step()
+
+    before = torch.get_num_threads()
+    out = {}
+    try:
+        for name, threads, parts in (("one_thread_accumulated", 1, microbatches), ("two_threads_whole", 2, 1)):
+            torch.set_num_threads(threads)
+            step(parts)
+            samples = []
+            for _ in range(steps):
+                start = time.perf_counter()
+                step(parts)
+                samples.append(time.perf_counter() - start)
+            out[name] = statistics.median(samples)
+    finally:
+        torch.set_num_threads(before)
+    return out

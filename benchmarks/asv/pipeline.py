@@ -1,0 +1,88 @@
+"""The pipeline family: schedule generation, a virtual-executor step, and the gpipe/1f1b step against
+torch.distributed.pipelining's ScheduleGPipe and Schedule1F1B on 2 gloo ranks (with the measured gpipe bubble)."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch  # at import: asv's forkserver then imports it once for every benchmark process
+
+PEER_SIZES = {"width": 512, "layers": 8, "batch": 256, "microbatches": 8}  # compute-bound, seconds per round
+PEER_ROUNDS, PEER_STEPS = 4, 2
+
+
+class Schedules:
+    """Generating every stage's action list (pure Python)."""
+
+    params = (["gpipe", "1f1b", "pipedream"], [(4, 8), (16, 64)])
+    param_names = ["schedule", "stages x microbatches"]
+
+    def time_generate(self, name: str, size: tuple[int, int]) -> None:
+        from methods.pipeline import schedule
+
+        make = {"gpipe": schedule.gpipe, "1f1b": schedule.one_f_one_b, "pipedream": schedule.pipedream}[name]
+        make(*size)
+
+
+class VirtualStep:
+    """One train_step of gpipe with 4 stages and 8 microbatches in the virtual executor (all stages in this
+    process, one thread) on synthetic-mlp: the executor's Python overhead on a small model."""
+
+    timeout = 120
+
+    def setup(self) -> None:
+        from _dist import context
+        from harness.data import Batch, DataOrder
+
+        torch.set_num_threads(1)
+        cls, ctx = context("gpipe", 0, 1, {"stages": 4, "microbatches": 8, "batch_size": 128},
+                           workload="synthetic-mlp")
+        self.method = cls(ctx)
+        order = DataOrder(len(ctx.workload.train), 128, seed=0)
+        self.batch = Batch(0, 0.0, order.batch(0), ctx.workload.train, 0)
+        for _ in range(3):
+            self.method.train_step(self.batch)
+
+    def time_gpipe_virtual_step(self) -> None:
+        self.method.train_step(self.batch)
+
+
+class VersusTorchPipelining:
+    """Our gpipe and 1f1b executors and torch's ScheduleGPipe / Schedule1F1B on 2 gloo ranks x 1 thread, the same
+    split, microbatches, loss and update, in alternating blocks in the same processes (setup_cache)."""
+
+    timeout = 600
+
+    def setup_cache(self) -> dict[str, float]:
+        from dtbench_bench_ranks import pipeline_against_torch
+
+        from _dist import spawn
+        from methods.pipeline.bubble import step_bubble
+
+        ranks = spawn(pipeline_against_torch, 2, PEER_ROUNDS, PEER_STEPS, *PEER_SIZES.values(), timeout=540)
+        per_round = {name: [max(v) for v in zip(*(r[name] for r in ranks), strict=True)]
+                     for name in ("ours_gpipe", "torch_gpipe", "ours_1f1b", "torch_1f1b")}
+        bubbles = [step_bubble(list(steps)) for steps in zip(*(r["gpipe_traces"] for r in ranks), strict=True)]
+        return {"gpipe_ratio": statistics.median(a / b for a, b in zip(per_round["ours_gpipe"],
+                                                                       per_round["torch_gpipe"], strict=True)),
+                "1f1b_ratio": statistics.median(a / b for a, b in zip(per_round["ours_1f1b"],
+                                                                      per_round["torch_1f1b"], strict=True)),
+                "bubble": statistics.median(bubbles)}
+
+    def track_gpipe_vs_torch(self, cache: dict[str, float]) -> float:
+        """Our gpipe step / torch's ScheduleGPipe step (median of per-round ratios); below 1 is faster."""
+        return cache["gpipe_ratio"]
+
+    track_gpipe_vs_torch.unit = "x torch ScheduleGPipe"
+
+    def track_1f1b_vs_torch(self, cache: dict[str, float]) -> float:
+        """Our 1f1b step / torch's Schedule1F1B step (median of per-round ratios); below 1 is faster."""
+        return cache["1f1b_ratio"]
+
+    track_1f1b_vs_torch.unit = "x torch Schedule1F1B"
+
+    def track_gpipe_bubble(self, cache: dict[str, float]) -> float:
+        """The measured gpipe bubble (S=2, M=8: the ideal is 1/9 = 0.111); smaller is better."""
+        return cache["bubble"]
+
+    track_gpipe_bubble.unit = "fraction of the step"
