@@ -93,32 +93,35 @@ class PipelineMethod(Method):
         if ctx.rank == 0:
             self._write_partition(measured=None)
             if ctx.log is not None:
-                ctx.log("partition", ranges=self.ranges, plan=self.plan)
+                ctx.log("partition", ranges=self.ranges, mode=self.plan["mode"],
+                        predicted_s=[st["predicted_s"] for st in self.plan["predicted"]["stages"]])
 
     @property
     def virtual(self) -> bool:
         return self.ctx.world_size == 1
 
     def _split(self, blocks: list[nn.Module], example: torch.Tensor) -> tuple[list[tuple[int, int]], dict]:
-        """The stage ranges, and the partitioner's plan (with predicted stage times) when profiled."""
+        """The stage ranges, and the plan: rank 0 profiles every block on a microbatch (before the train clock
+        starts) so that every split, chosen or solved, comes with PipeDream's predicted stage times. With 'auto'
+        rank 0 solves the partitioning DP and broadcasts the boundaries, so all ranks agree on the split."""
         p, n = self.ctx.params, len(blocks)
-        if isinstance(p.partition, list):
-            bounds = [0, *p.partition, n]
-            if bounds[-2] >= n:
-                raise ValueError(f"partition {p.partition}: the model has only {n} blocks")
-            return [(bounds[i], bounds[i + 1]) for i in range(self.S)], {"mode": "manual"}
-        if p.partition == "uniform":
-            return partitioner.uniform_partition(n, self.S), {"mode": "uniform"}
-        # auto: rank 0 profiles and solves; every rank takes its answer, so all agree on the split
         bounds = torch.zeros(self.S + 1, dtype=torch.int64)
-        plan: dict = {"mode": "auto"}
+        plan: dict = {"mode": p.partition if isinstance(p.partition, str) else "manual", "bandwidth": p.bandwidth}
         if self.ctx.rank == 0:
             profiles = profiler.profile_blocks(blocks, example)
-            straight = partitioner.straight_partition(profiles, self.S, p.bandwidth)
-            best = partitioner.pipedream_partition(profiles, max(self.ctx.world_size, self.S), p.bandwidth)
-            bounds = torch.tensor([st.start for st in straight.stages] + [n], dtype=torch.int64)
-            plan.update(profiles=profiler.profiles_to_dicts(profiles), executed=straight.to_dict(),
-                        best_with_replication=best.to_dict())
+            if isinstance(p.partition, list):
+                if p.partition[-1] >= n:
+                    raise ValueError(f"partition {p.partition}: the model has only {n} blocks")
+                ranges = list(zip([0, *p.partition], [*p.partition, n], strict=True))
+            elif p.partition == "uniform":
+                ranges = partitioner.uniform_partition(n, self.S)
+            else:
+                ranges = partitioner.straight_partition(profiles, self.S, p.bandwidth).ranges
+                best = partitioner.pipedream_partition(profiles, max(self.ctx.world_size, self.S), p.bandwidth)
+                plan["best_with_replication"] = best.to_dict()
+            plan["predicted"] = partitioner.predict(profiles, ranges, p.bandwidth).to_dict()
+            plan["profiles"] = profiler.profiles_to_dicts(profiles)
+            bounds = torch.tensor([a for a, _ in ranges] + [n], dtype=torch.int64)
         if self.ctx.world_size > 1:
             self.ctx.comm.broadcast(bounds, 0, "control")
         b = bounds.tolist()
@@ -223,8 +226,19 @@ class PipelineMethod(Method):
                 for s in range(self.S)]
 
     def _write_partition(self, measured: list[dict[str, float]] | None) -> None:
-        record = {"stages": self.S, "ranges": self.ranges, "shapes": self.shapes, "plan": self.plan,
-                  "measured": measured}
+        """partition.json: the split, each stage's predicted time (from the profiles) next to its measured one (the
+        mean forward and backward of one microbatch over the run), the profiles, and for 'auto' the DP's best plan
+        with replication over the same workers."""
+        predicted = self.plan.get("predicted", {}).get("stages") or [{} for _ in range(self.S)]
+        stages = []
+        for s, ((a, b), pred) in enumerate(zip(self.ranges, predicted, strict=True)):
+            row = {"stage": s, "blocks": [a, b], "predicted_compute_s": pred.get("compute_s"),
+                   "predicted_s": pred.get("predicted_s")}
+            if measured is not None:
+                row.update(measured_forward_s=measured[s]["forward_s"], measured_backward_s=measured[s]["backward_s"],
+                           measured_compute_s=measured[s]["forward_s"] + measured[s]["backward_s"])
+            stages.append(row)
+        record = {"method": self.name, "stages": stages, "input_shapes": self.shapes, **self.plan}
         (self.ctx.run_dir / "partition.json").write_text(json.dumps(record, indent=1))
 
     def finish(self) -> None:
