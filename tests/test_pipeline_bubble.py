@@ -10,9 +10,9 @@ from _dist import context, spawn
 from harness.data import Batch, DataOrder
 from methods.pipeline.bubble import ideal_bubble, step_bubble
 
-# A cheap 64 -> 1024 input layer, four 1024 x 1024 layers and a small head: blocks [0, 3) and [3, 6) are balanced
+# A cheap 64 -> 1024 input layer, four 2048 x 2048 layers and a small head: blocks [0, 3) and [3, 6) are balanced
 # stages (the input layer, whose backward computes no input gradient, costs almost nothing; so does the head).
-BALANCED = {"in_features": 64, "hidden": 1024, "depth": 5, "num_train": 1024, "num_test": 64}
+BALANCED = {"in_features": 64, "hidden": 2048, "depth": 5, "num_train": 1024, "num_test": 64}
 
 
 def _gpipe_ranks(rank, world_size, steps):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from pydantic import Field
@@ -46,3 +46,13 @@ class FlushedPipeline(PipelineMethod):
             self._schedule = type(self).make_schedule(self.S, m)
         splits = list(torch.tensor_split(batch.indices, m))
         return self.run(self._schedule, self.micros(batch, splits, list(range(m))), batch.step)
+
+    # A flushed pipeline holds nothing in flight between steps: its state is each stage's weights and optimizer.
+    def state_dict(self) -> dict[str, Any]:
+        return {"stages": {str(s): {"module": st.module.state_dict(), "optimizer": st.optimizer.state_dict()}
+                           for s, st in self.stages.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for s, st in self.stages.items():
+            st.module.load_state_dict(state["stages"][str(s)]["module"])
+            st.optimizer.load_state_dict(state["stages"][str(s)]["optimizer"])
