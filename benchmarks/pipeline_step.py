@@ -57,7 +57,8 @@ def main() -> None:
               f"(the bubble's limit S(1 - bubble) = {2 * (1 - ideal_bubble(2, a.microbatches)):.2f}x), "
               f"{base['two_threads_whole'] / med[name]:.2f}x over 2 threads on the whole batch")
     print(f"gpipe bubble measured {out['bubble_measured']:.3f} (median over {len(bubbles)} steps), "
-          f"ideal (S-1)/(M+S-1) = {out['bubble_ideal']:.3f}")
+          f"ideal (S-1)/(M+S-1) = {out['bubble_ideal']:.3f}: "
+          f"{'within' if abs(out['bubble_measured'] - out['bubble_ideal']) <= 0.05 else 'NOT within'} 0.05 (the goal)")
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
 
