@@ -70,7 +70,11 @@ def slurm(session: nox.Session) -> None:
                     env={"DEBIAN_FRONTEND": "noninteractive"})
     install(session, "test")
     session.env.update({"MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"})
-    session.run("pytest", *(session.posargs or ["-q", "-m", "slurm", "tests/test_slurm_cluster.py"]))
+    # Its own pytest base folder: the jobs write into the tests' temp folders for minutes, and pytest prunes the
+    # shared /tmp/pytest-of-<user> folders whenever other sessions start.
+    basetemp = Path(session.create_tmp()) / "pytest"
+    session.run("pytest", *(session.posargs or ["-q", "-m", "slurm", f"--basetemp={basetemp}", "--durations=10",
+                                                 "tests/test_slurm_cluster.py"]))
 
 
 @nox.session
