@@ -173,6 +173,29 @@ def test_a_requeued_job_resumes_exactly_from_its_checkpoint(cluster, tmp_path):
     assert records == train_records(reference)
 
 
+def test_scontrol_requeue_stops_the_ranks_with_sigterm_and_the_run_resumes(cluster, tmp_path):
+    """SLURM's own requeue (as on preemption): SIGTERM to every task, a checkpoint, and a restart that resumes."""
+    steps = 1500
+    suite = write_suite(tmp_path, "requeue", '[[run]]\nmethod = "sgd"\n', steps=steps,
+                        top="checkpoint_every_steps = 1000\n")
+    out = tmp_path / "out"
+    submitted = dtbench("run", str(suite), "--launcher", "slurm", "--site", str(SITE), "--out", str(out))
+    assert submitted.returncode == 0, submitted.stderr
+    run_id = "sgd-digits-mlp-w1-s0"
+    run_dir = out / "requeue" / run_id
+    deadline = time.monotonic() + WAIT_S
+    while not any(r["kind"] == "train" and r["step"] >= 100 for r in read_jsonl(run_dir / "metrics.jsonl")):
+        assert time.monotonic() < deadline, "the run never reached step 100"
+        time.sleep(0.2)
+    cluster.run("scontrol", "requeue", submitted_ids(submitted.stdout)[run_id])
+    waited = dtbench("wait", str(out / "requeue"), "--poll", "1")
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    resumed_at = json.loads((run_dir / "manifest.json").read_text())["resumed_from_step"]
+    assert 100 <= resumed_at < 1000  # the SIGTERM checkpoint, not a periodic one
+    records = train_records(run_dir)
+    assert [s for _, s, _, _ in records] == list(range(1, steps + 1))
+
+
 def test_a_raising_job_ends_failed_and_wait_says_so(cluster, tmp_path):
     suite = write_suite(tmp_path, "broken", '[[run]]\nmethod = "ddp"\nworld_size = 2\nnodes = 2\n')
     text = suite.read_text().replace('workload = "digits-mlp"', 'workload = "cifar10-resnet20"\n'
