@@ -20,7 +20,7 @@ from harness.launch_local import launch
 from harness.results import read_jsonl
 from harness.suite import prepare_run_dir, run_specs
 
-STEPS = 1200  # long enough (several seconds) that a stop sent after epoch 1 lands mid-run
+STEPS = 600  # long enough (a few seconds) that a stop sent after epoch 2 (88 steps) lands mid-run
 
 
 def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
