@@ -1,4 +1,5 @@
-"""nox sessions: smoke (the main job), tests, lint and bench. Virtualenvs are reused, so torch installs once."""
+"""nox sessions: smoke (the main job), tests, slurm, lint and bench. Virtualenvs are reused, so torch installs
+once."""
 
 from __future__ import annotations
 
@@ -48,7 +49,32 @@ def tests(session: nox.Session) -> None:
     install(session, "test")
     session.env.update({"MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"})
     # pytest exits 5 when a selection matches no test: that is not a failure of the code.
-    session.run("pytest", *(session.posargs or ["-q"]), success_codes=[0, 5])
+    session.run("pytest", *(session.posargs or ["-q", "-m", "not slurm"]), success_codes=[0, 5])
+
+
+SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "mariadb-server")
+
+
+@nox.session
+def slurm(session: nox.Session) -> None:
+    """The SLURM tests on a real local cluster: installs Debian's slurm, munge, slurmdbd and MariaDB packages (as
+    root, with apt-get), then `pytest -m slurm`, whose test module starts munge, MariaDB, slurmdbd, slurmctld and
+    two slurmd nodes with all state in a temp folder and stops them by PID (tests/slurm_cluster.py)."""
+    if shutil.which("apt-get") is None:
+        session.error("the slurm session installs Debian packages with apt-get; none here")
+    missing = [name for name in SLURM_PACKAGES
+               if subprocess.run(["dpkg", "-s", name], capture_output=True).returncode != 0]
+    if missing:
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, external=True,
+                    env={"DEBIAN_FRONTEND": "noninteractive"})
+    install(session, "test")
+    session.env.update({"MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"})
+    # Its own pytest base folder: the jobs write into the tests' temp folders for minutes, and pytest prunes the
+    # shared /tmp/pytest-of-<user> folders whenever other sessions start.
+    basetemp = Path(session.create_tmp()) / "pytest"
+    session.run("pytest", *(session.posargs or ["-q", "-m", "slurm", f"--basetemp={basetemp}", "--durations=10",
+                                                 "tests/test_slurm_cluster.py"]))
 
 
 @nox.session

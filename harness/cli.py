@@ -1,9 +1,10 @@
-"""The `dtbench` command line: run, report, list and rerun."""
+"""The `dtbench` command line: run, status, wait, report, list and rerun."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 EPILOG = "Exit codes: 0 every run completed; 1 some run failed or diverged; 2 bad input (nothing written)."
@@ -25,13 +26,37 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG)
     run.add_argument("suite", type=Path, help="the suite file, e.g. suites/smoke.toml")
     run.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results)")
-    run.add_argument("--launcher", choices=["local"], default="local",
-                     help="where ranks run: local = one process per rank on this machine (default)")
+    run.add_argument("--launcher", choices=["local", "slurm"], default="local",
+                     help="where ranks run: local = one process per rank on this machine (default); slurm = submit "
+                          "every run as a task of a SLURM job array through submitit and return at once "
+                          "(see docs/slurm.md)")
+    run.add_argument("--site", type=Path, metavar="SITE.toml",
+                     help="slurm: the site profile (partition, account, limits, setup lines, command names such "
+                          "as Tianhe's yhbatch/yhrun), e.g. sites/tianhe.toml")
+    run.add_argument("--nodes", type=int, metavar="N",
+                     help="slurm: nodes per run for every run (world_size / N tasks on each); overrides the suite")
     run.add_argument("--only", metavar="GLOB", help="run only the runs whose run id matches this shell pattern")
     run.add_argument("--resume", action="store_true",
-                     help="skip runs whose status.json says completed; rerun the others from the start")
+                     help="skip runs whose status.json says completed; continue the others from their "
+                          "checkpoint.pt where they have one, else rerun them from the start")
     run.add_argument("--dry-run", action="store_true", help="validate and list the runs; write nothing")
     run.add_argument("--quiet", action="store_true", help="no progress bars (the per-run lines still print)")
+
+    status = verbs.add_parser(
+        "status", help="show the state of each run of a suite's results",
+        description="One line per run of SUITE_DIR: its state (pending, running, requeued, preempted, completed, "
+                    "failed, diverged) from status.json and, for SLURM runs, the scheduler (squeue/sacct or the "
+                    "site's names for them), with the job id and the step or error.")
+    status.add_argument("suite_dir", type=Path, help="a suite's results folder, e.g. results/smoke")
+
+    wait = verbs.add_parser(
+        "wait", help="block until every run of a suite has ended",
+        description="Poll SUITE_DIR (as `dtbench status` does) until no run is pending, running or requeued and "
+                    "no run's job is left in the queue. Exit 0 when every run completed, 1 otherwise, 3 on "
+                    "--timeout.")
+    wait.add_argument("suite_dir", type=Path, help="a suite's results folder, e.g. results/smoke")
+    wait.add_argument("--poll", type=float, default=10.0, metavar="S", help="seconds between polls (default 10)")
+    wait.add_argument("--timeout", type=float, default=None, metavar="S", help="give up after S seconds")
 
     report = verbs.add_parser(
         "report", help="write the comparative report of a suite's results",
@@ -58,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = {"run": _cmd_run, "report": _cmd_report, "list": _cmd_list, "rerun": _cmd_rerun}[args.verb]
+    handler = {"run": _cmd_run, "report": _cmd_report, "list": _cmd_list, "rerun": _cmd_rerun,
+               "status": _cmd_status, "wait": _cmd_wait}[args.verb]
     try:
         return handler(args, argv if argv is not None else sys.argv[1:])
     except KeyboardInterrupt:
@@ -90,6 +116,10 @@ def _cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
         return _fail(str(exc))
     if not specs:
         return _fail(f"{args.suite}: no run id matches --only {args.only!r}")
+    if args.launcher == "slurm":
+        return _submit(args, specs, argv)
+    if args.site or args.nodes:
+        return _fail("--site and --nodes are for --launcher slurm")
     if args.dry_run:
         for spec in specs:
             print(f"{spec.run_id}\t{spec.method}\t{spec.workload}\tworld_size={spec.world_size}\tseed={spec.seed}")
@@ -101,6 +131,70 @@ def _cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     outcomes = run_specs(specs, args.out, resume=args.resume, argv=["dtbench", *argv], suite_file=args.suite,
                          show_progress=not args.quiet)
     return _finish(outcomes)
+
+
+def _submit(args: argparse.Namespace, specs, argv: list[str]) -> int:
+    from harness.config import SuiteError
+    from harness.sites import load_site
+
+    try:
+        site = load_site(args.site)
+    except SuiteError as exc:
+        return _fail(str(exc))
+    if args.nodes is not None:
+        bad = [s.run_id for s in specs if args.nodes < 1 or s.world_size % args.nodes]
+        if bad:
+            return _fail(f"--nodes {args.nodes}: does not divide the world size of {bad[0]}")
+        specs = [s.model_copy(update={"nodes": args.nodes}) for s in specs]
+    if args.dry_run:
+        for spec in specs:
+            print(f"{spec.run_id}\tnodes={spec.nodes}\ttasks_per_node={spec.world_size // spec.nodes}")
+        print(f"{len(specs)} runs; nothing submitted (--dry-run).")
+        return 0
+    from harness.suite import submit_specs
+
+    try:
+        submitted = submit_specs(specs, args.out, site, resume=args.resume, argv=["dtbench", *argv],
+                                 suite_file=args.suite)
+    except RuntimeError as exc:
+        return _fail(str(exc))
+    suite_dir = args.out / specs[0].suite
+    for item in submitted:
+        print(f"{item.spec.run_id}\tjob {item.job_id}")
+    print(f"{len(submitted)} runs submitted to SLURM (site {site.name}). Follow them with: dtbench status {suite_dir}"
+          f"; block until done with: dtbench wait {suite_dir}")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace, argv: list[str]) -> int:
+    from harness.jobs import format_table, suite_states
+
+    if not args.suite_dir.is_dir():
+        return _fail(f"{args.suite_dir}: no such results folder")
+    rows = suite_states(args.suite_dir)
+    print(format_table(rows))
+    return 0
+
+
+def _cmd_wait(args: argparse.Namespace, argv: list[str]) -> int:
+    from harness.jobs import format_table, suite_states
+
+    if not args.suite_dir.is_dir():
+        return _fail(f"{args.suite_dir}: no such results folder")
+    start = time.monotonic()
+    while True:
+        rows = suite_states(args.suite_dir)
+        if all(row.settled for row in rows):
+            break
+        if args.timeout is not None and time.monotonic() - start > args.timeout:
+            print(format_table(rows))
+            print(f"dtbench wait: runs still going after {args.timeout:g} s", file=sys.stderr)
+            return 3
+        time.sleep(args.poll)
+    print(format_table(rows))
+    bad = [row for row in rows if row.state != "completed"]
+    print(f"{len(rows) - len(bad)}/{len(rows)} runs completed.")
+    return 1 if bad else 0
 
 
 def _cmd_rerun(args: argparse.Namespace, argv: list[str]) -> int:

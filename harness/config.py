@@ -65,6 +65,7 @@ class RunEntry(BaseModel):
     label: str | None = None
     threads_per_rank: int | None = Field(default=None, ge=1)
     budget: Budget | None = None
+    nodes: int | None = Field(default=None, ge=1)
 
 
 class SuiteFile(BaseModel):
@@ -81,6 +82,8 @@ class SuiteFile(BaseModel):
     threads_per_rank: int | None = Field(default=None, ge=1)
     deterministic: bool = True
     log_every_steps: int = Field(default=1, ge=1)
+    checkpoint_every_steps: int | None = Field(default=None, ge=1)
+    nodes: int = Field(default=1, ge=1, description="SLURM nodes per run; world_size / nodes tasks on each")
     data_root: str | None = None
     run: list[RunEntry] = Field(min_length=1)
 
@@ -104,6 +107,8 @@ class RunSpec(BaseModel):
     threads_per_rank: int
     deterministic: bool
     log_every_steps: int
+    checkpoint_every_steps: int | None = None
+    nodes: int = 1
     data_root: str | None = None
     suite_file: str | None = None
 
@@ -238,6 +243,10 @@ def expand_suite(path: str | Path, only: str | None = None) -> list[RunSpec]:
         problem = method_cls.check_world_size(entry.world_size, params)
         if problem:
             raise SuiteError(f"{path}: {where}.world_size: {problem}")
+        nodes = entry.nodes or suite.nodes
+        if entry.world_size % nodes:
+            raise SuiteError(f"{path}: {where + '.nodes' if entry.nodes else 'nodes'}: world_size "
+                             f"{entry.world_size} of {where} is not divisible by {nodes} nodes")
 
         budget = (entry.budget.over(suite.budget) if entry.budget else suite.budget).over(workload.budget)
         if budget.max_epochs is None and budget.max_steps is None and budget.max_train_seconds is None:
@@ -255,7 +264,8 @@ def expand_suite(path: str | Path, only: str | None = None) -> list[RunSpec]:
                 family=method_cls.family, workload=workload_name, workload_options=resolved_options,
                 world_size=entry.world_size, seed=seed, params=params.model_dump(), budget=budget,
                 threads_per_rank=threads, deterministic=suite.deterministic,
-                log_every_steps=suite.log_every_steps, data_root=suite.data_root, suite_file=str(path.resolve()),
+                log_every_steps=suite.log_every_steps, checkpoint_every_steps=suite.checkpoint_every_steps,
+                nodes=nodes, data_root=suite.data_root, suite_file=str(path.resolve()),
             ))
     if only:
         specs = [s for s in specs if fnmatch.fnmatchcase(s.run_id, only)]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.checkpoint import STOP
 from harness.config import RunSpec
 from harness.recorder import write_status
 from harness.worker import ERROR_FILE, Rendezvous, run_rank
@@ -27,8 +28,11 @@ class LaunchResult:
     seconds: float
 
 
-def _entry(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, argv: list[str]) -> None:
-    sys.exit(run_rank(spec_json, rank, rdzv, run_dir, "local", True, argv))
+def _entry(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, argv: list[str], resume: bool) -> None:
+    # SIGUSR2 on any rank (from a batch system, or a person) stops the run after a checkpoint: state preempted,
+    # and `dtbench run --resume` goes on from there.
+    STOP.install(stop_on=(signal.SIGUSR2,))
+    sys.exit(run_rank(spec_json, rank, rdzv, run_dir, "local", True, argv, resume))
 
 
 def _describe(rank: int, exitcode: int, run_dir: Path) -> dict:
@@ -95,8 +99,10 @@ def _terminate(procs: list[multiprocessing.process.BaseProcess]) -> None:
 
 
 def launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None] | None = None,
-           argv: list[str] | None = None) -> LaunchResult:
+           argv: list[str] | None = None, resume: bool = False) -> LaunchResult:
     """Run `spec` with world_size local processes. Returns once every rank has ended.
+
+    With `resume`, the ranks continue from run_dir/checkpoint.pt (see worker.run_rank).
 
     The launcher hosts the rendezvous store (on a free port it picked itself), so ranks never race for a port. If a
     rank exits with an error or is killed, the remaining ranks are torn down at once and the run is marked failed,
@@ -110,7 +116,7 @@ def launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None]
     ctx = multiprocessing.get_context("spawn")
     spec_json = spec.model_dump_json()
     argv = list(argv if argv is not None else sys.argv)
-    procs = [ctx.Process(target=_entry, args=(spec_json, r, rdzv, str(run_dir), argv), name=f"rank{r}")
+    procs = [ctx.Process(target=_entry, args=(spec_json, r, rdzv, str(run_dir), argv, resume), name=f"rank{r}")
              for r in range(spec.world_size)]
     for p in procs:
         p.start()

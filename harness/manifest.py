@@ -50,6 +50,14 @@ def versions() -> dict[str, str | None]:
     return out
 
 
+def slurm_job_id() -> str | None:
+    """This process's SLURM job id as the scheduler's commands take it: ARRAY_TASK for a job array's task."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
 def build(seed: int, launcher: str, run_dir: Path, threads_per_rank: int, argv: list[str] | None = None) -> dict[
         str, Any]:
     """Everything that says where a run came from. Cheap: called once per run, before training."""
@@ -67,7 +75,7 @@ def build(seed: int, launcher: str, run_dir: Path, threads_per_rank: int, argv: 
         "threads": {"per_rank": threads_per_rank, "torch_intraop": torch.get_num_threads(),
                     "torch_interop": torch.get_num_interop_threads()},
         "launcher": launcher,
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_job_id": slurm_job_id(),
         "seed": seed,
         "start_time": utc_now(),
         "argv": list(argv) if argv is not None else [sys.executable, *sys.argv],

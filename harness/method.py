@@ -96,7 +96,15 @@ class Method(abc.ABC):
     def evaluate(self, test: TensorData) -> EvalResult | None:
         """Accuracy and loss on the whole test set. Collective; rank 0 must return the global result."""
 
+    @property
+    def checkpointable(self) -> bool:
+        """Whether state_dict/load_state_dict capture everything a run needs to resume exactly after a step
+        (by default: whether the subclass implements them). The runner does not checkpoint other methods."""
+        return type(self).state_dict is not Method.state_dict
+
     def state_dict(self) -> dict[str, Any]:
+        """This rank's state after a step: model, optimizer, method memories. Tensors, dicts, lists, numbers and
+        strings only (checkpoints load with weights_only=True). RNG streams and bytes are the runner's."""
         raise NotImplementedError(f"method {self.name!r} does not support checkpoints")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -16,10 +16,10 @@ from typing import Any
 class TrainClock:
     """Wall time since the process started the run, and train time: time since `start_training()` minus the
     intervals spent in `excluded()` blocks (evaluation, checkpointing). Set-up (imports, data, model) is not train
-    time for any method."""
+    time for any method. A resumed run starts both clocks at its checkpoint's readings (the offsets)."""
 
-    def __init__(self, offset_train_s: float = 0.0) -> None:
-        self.start = time.perf_counter()
+    def __init__(self, offset_train_s: float = 0.0, offset_wall_s: float = 0.0) -> None:
+        self.start = time.perf_counter() - offset_wall_s
         self.train_start: float | None = None
         self.offset = offset_train_s
         self.excluded_s = 0.0
@@ -70,6 +70,7 @@ class MetricsWriter:
     so the ranks of a run can share the file without interleaving inside a line."""
 
     def __init__(self, path: Path, rank: int, clock: TrainClock):
+        self.path = path
         self.rank = rank
         self.clock = clock
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

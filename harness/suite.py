@@ -1,4 +1,5 @@
-"""Running a whole suite: run folders, skipping finished runs on --resume, progress, and the closing summary."""
+"""Running a whole suite: run folders, --resume (skip finished runs, continue from checkpoints), progress, and the
+closing summary."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from harness.checkpoint import CHECKPOINT_FILE
 from harness.config import RunSpec
 from harness.launch_local import LaunchResult, MetricsTail, launch
 from harness.recorder import write_json
@@ -40,9 +42,22 @@ def is_completed(run_dir: Path) -> bool:
         return False
 
 
+def resumable(run_dir: Path, spec: RunSpec) -> bool:
+    """Whether an earlier attempt of `spec` left a checkpoint in `run_dir` to continue from."""
+    try:
+        same = RunSpec.model_validate_json((run_dir / "spec.json").read_text()) == spec
+    except (OSError, ValueError):
+        return False
+    return same and (run_dir / CHECKPOINT_FILE).exists()
+
+
 def run_specs(specs: list[RunSpec], out: Path, resume: bool = False, argv: list[str] | None = None,
               suite_file: Path | None = None, show_progress: bool = True) -> list[RunOutcome]:
-    """Run every spec in order with the local launcher. A failed run is reported and the suite goes on."""
+    """Run every spec in order with the local launcher. A failed run is reported and the suite goes on.
+
+    With `resume`, completed runs are skipped, runs with a checkpoint of the same spec continue from it, and the
+    others start over.
+    """
     outcomes: list[RunOutcome] = []
     if suite_file is not None and specs:
         (out / specs[0].suite).mkdir(parents=True, exist_ok=True)
@@ -53,8 +68,13 @@ def run_specs(specs: list[RunSpec], out: Path, resume: bool = False, argv: list[
             tqdm.write(f"[{i}/{len(specs)}] {spec.run_id}: completed earlier, skipped (--resume)")
             outcomes.append(RunOutcome(spec, "completed", None, 0.0))
             continue
-        run_dir = prepare_run_dir(spec, out)
-        result = _launch_with_progress(spec, run_dir, f"[{i}/{len(specs)}] {spec.run_id}", argv, show_progress)
+        go_on = resume and resumable(run_dir, spec)
+        if go_on:
+            tqdm.write(f"[{i}/{len(specs)}] {spec.run_id}: resuming from its {CHECKPOINT_FILE} (--resume)")
+        else:
+            run_dir = prepare_run_dir(spec, out)
+        result = _launch_with_progress(spec, run_dir, f"[{i}/{len(specs)}] {spec.run_id}", argv, show_progress,
+                                       go_on)
         line = f"[{i}/{len(specs)}] {spec.run_id}: {result.state} in {result.seconds:.1f} s"
         if result.error:
             line += f" ({result.error.get('message')})"
@@ -64,7 +84,7 @@ def run_specs(specs: list[RunSpec], out: Path, resume: bool = False, argv: list[
 
 
 def _launch_with_progress(spec: RunSpec, run_dir: Path, desc: str, argv: list[str] | None,
-                          show: bool) -> LaunchResult:
+                          show: bool, resume: bool = False) -> LaunchResult:
     """Launch with a progress bar (epochs done, last accuracy) on an interactive terminal; none in logs."""
     total = spec.budget.max_epochs
     bar = tqdm(total=total, desc=desc, unit="epoch", leave=False, file=sys.stderr, mininterval=0.5,
@@ -82,6 +102,32 @@ def _launch_with_progress(spec: RunSpec, run_dir: Path, desc: str, argv: list[st
             bar.set_postfix_str(f"acc {tail.accuracy:.3f}")
 
     try:
-        return launch(spec, run_dir, update, argv)
+        return launch(spec, run_dir, update, argv, resume)
     finally:
         bar.close()
+
+
+def submit_specs(specs: list[RunSpec], out: Path, site, resume: bool = False, argv: list[str] | None = None,
+                 suite_file: Path | None = None) -> list:
+    """Prepare the run folders (as run_specs does, --resume included) and submit the runs to SLURM at once.
+
+    Returns launch_slurm.Submitted items; completed runs skipped by --resume are not submitted.
+    """
+    from harness.launch_slurm import submit
+
+    suite_dir = out / specs[0].suite
+    suite_dir.mkdir(parents=True, exist_ok=True)
+    if suite_file is not None:
+        shutil.copyfile(suite_file, suite_dir / "suite.toml")
+    runs = []
+    for spec in specs:
+        run_dir = suite_dir / spec.run_id
+        if resume and is_completed(run_dir):
+            print(f"{spec.run_id}: completed earlier, skipped (--resume)")
+            continue
+        if resume and resumable(run_dir, spec):
+            print(f"{spec.run_id}: resumes from its {CHECKPOINT_FILE} (--resume)")
+        else:
+            run_dir = prepare_run_dir(spec, out)
+        runs.append((spec, run_dir))
+    return submit(runs, suite_dir, site, list(argv or [])) if runs else []

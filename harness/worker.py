@@ -49,17 +49,19 @@ def _init_distributed(rank: int, world_size: int, rdzv: Rendezvous, backend: str
 
 
 def run_rank(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, launcher: str = "local",
-             redirect: bool = True, argv: list[str] | None = None) -> int:
-    """Run one rank of a run to the end. Returns the process exit code (0: the run ended, completed or diverged).
+             redirect: bool = True, argv: list[str] | None = None, resume: bool = False) -> int:
+    """Run one rank of a run to the end. Returns the process exit code (0: the run ended, completed, diverged or
+    preempted; status.json says which).
 
-    On an exception the traceback goes to the rank's log and its first line to error-rank<r>.json, which the
-    launcher reads to name the failing rank in status.json.
+    With `resume`, a checkpoint.pt in `run_dir` is continued from (metrics.jsonl is cut back to it first); without
+    one the run starts at step 0. On an exception the traceback goes to the rank's log and its first line to
+    error-rank<r>.json, which the launcher reads to name the failing rank in status.json.
     """
     run_path = Path(run_dir)
     if redirect:
         _redirect_output(run_path, rank)
     try:
-        return _run(spec_json, rank, rdzv, run_path, launcher, argv)
+        return _run(spec_json, rank, rdzv, run_path, launcher, argv, resume)
     except BaseException as exc:  # noqa: BLE001 - everything a rank dies of is reported
         traceback.print_exc()
         message = f"{type(exc).__name__}: {exc}".splitlines()[0][:2000]
@@ -70,7 +72,23 @@ def run_rank(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, launcher
         sys.stderr.flush()
 
 
-def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: str, argv: list[str] | None) -> int:
+def _load_checkpoint(spec, run_dir: Path, rank: int, comm) -> dict | None:
+    """The run's checkpoint, checked against `spec`; rank 0 first cuts metrics.jsonl back to it. Collective."""
+    from harness import checkpoint
+
+    path = run_dir / checkpoint.CHECKPOINT_FILE
+    saved = checkpoint.load(path) if path.exists() else None
+    if saved is not None and saved["spec"] != spec.model_dump_json():
+        raise RuntimeError(f"{path} was written for another spec than this run's spec.json; remove it to start "
+                           "the run over")
+    if rank == 0:
+        checkpoint.truncate_metrics(run_dir / "metrics.jsonl", saved["metrics_bytes"] if saved else 0)
+    comm.barrier()  # no rank writes a record before the file is cut back
+    return saved
+
+
+def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: str, argv: list[str] | None,
+         resume: bool = False) -> int:
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -94,11 +112,14 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     group = _init_distributed(rank, spec.world_size, rdzv, "nccl" if cuda else "gloo")
     comm = Communicator(rank, spec.world_size, group)
 
-    clock = TrainClock()
+    saved = _load_checkpoint(spec, run_dir, rank, comm) if resume else None
+    clock = TrainClock(*((saved["train_time_s"], saved["wall_time_s"]) if saved else ()))
     writer = MetricsWriter(run_dir / "metrics.jsonl", rank, clock)
     if rank == 0:
-        write_json(run_dir / "manifest.json",
-                   manifest.build(spec.seed, launcher, run_dir, spec.threads_per_rank, argv))
+        info = manifest.build(spec.seed, launcher, run_dir, spec.threads_per_rank, argv)
+        if saved:
+            info["resumed_from_step"] = saved["step"]
+        write_json(run_dir / "manifest.json", info)
 
     # Same seed on every rank: identical initial weights, and identical across methods for the same workload.
     random.seed(spec.seed)
@@ -113,7 +134,12 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     method = method_cls(ctx)
     torch.manual_seed(spec.seed + 1 + rank)  # per-rank stream for stochastic methods (compression, dropout)
 
-    loop = Loop(spec, method, instance.train, instance.test, comm, writer, clock)
+    loop = Loop(spec, method, instance.train, instance.test, comm, writer, clock, run_dir)
+    if spec.checkpoint_every_steps and not loop.checkpointable and rank == 0:
+        print(f"dtbench: method {spec.method!r} does not support checkpoints: checkpoint_every_steps is ignored "
+              "and a preempted run starts over", flush=True)
+    if saved:
+        loop.restore(saved)
     outcome = loop.run()
     method.finish()
     writer.write("comm", bytes_by_category=comm.ledger.by_category(), seconds_by_category=dict(comm.ledger.seconds),
@@ -125,8 +151,12 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
                  "rank0_bytes_sent": sent, "rank0_bytes_recv": recv}
         if outcome.last_eval:
             final.update({k: outcome.last_eval[k] for k in ("test_accuracy", "test_loss") if k in outcome.last_eval})
-        error = {"message": outcome.message, "rank": None} if outcome.message else None
-        write_status(run_dir, outcome.state, error=error, final=final)
+        ids = {"slurm_job_id": manifest.slurm_job_id()} if launcher == "slurm" else {}
+        if outcome.state == "preempted":  # not an error: the run goes on when it is resumed
+            write_status(run_dir, outcome.state, final=final, note=outcome.message, **ids)
+        else:
+            error = {"message": outcome.message, "rank": None} if outcome.message else None
+            write_status(run_dir, outcome.state, error=error, final=final, **ids)
     writer.close()
     comm.barrier()
     dist.destroy_process_group()

@@ -173,10 +173,15 @@ class DGCCompressor(Compressor):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch}
+        return {"epoch": self.epoch,
+                "generator": None if self._generator is None else self._generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch = state["epoch"]
+        self._generator = None
+        if state.get("generator") is not None:  # the sampling stream continues where it was (CPU generator)
+            self._generator = torch.Generator().manual_seed(self.seed)
+            self._generator.set_state(state["generator"])
 
 
 class DGCMemory(Memory):

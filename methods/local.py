@@ -145,6 +145,12 @@ class Local(Method):
         if self.receiver is not None:
             self.receiver.drain()
 
+    @property
+    def checkpointable(self) -> bool:
+        """Only the virtual (one-process) mode: with several ranks, activations in flight on the forward channel
+        are part of the state and are not saved."""
+        return self.virtual
+
     def state_dict(self) -> dict[str, Any]:
         return {"blocks": [self.blocks[c].state_dict() for c in self.mine],
                 "heads": [self.heads[c].state_dict() for c in self.mine], "optimizer": self.optimizer.state_dict()}

@@ -17,3 +17,13 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def repo_root() -> Path:
     return ROOT
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """slurm tests run only when asked for (-m slurm, as nox -s slurm does): they start a whole cluster."""
+    if "slurm" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="needs the local SLURM cluster: run nox -s slurm (or pytest -m slurm)")
+    for item in items:
+        if "slurm" in item.keywords:
+            item.add_marker(skip)

@@ -47,6 +47,11 @@ class CompressionHook:
         self.compressor = compressor
         self.memory = memory
         self.names = names
+        # Tensors are compressed in model order, whatever the bucket's own order: DDP's first buckets list
+        # them in model order and its rebuilt ones (from the second step on) in reverse, and a stochastic
+        # compressor's random draws must follow the same order at every step, so that a run resumed from a
+        # checkpoint (whose first step has fresh buckets again) draws exactly as an uninterrupted one.
+        self.position = {name: i for i, name in enumerate(names.values())}
         self.dense = dense  # parameter names sent as plain fp32, bypassing compressor and memory
         if compressor.sums and dense:
             raise ValueError("a compressor whose payloads sum is all-reduced in its own dtype: it cannot be mixed "
@@ -64,6 +69,7 @@ class CompressionHook:
         for p in params:
             named.append((self.names[p], buffer[offset:offset + p.numel()], p))
             offset += p.numel()
+        named.sort(key=lambda item: self.position[item[0]])
         self.compressor.prepare([(n, g) for n, g, _ in named if n not in self.dense], self.comm)
         items = []
         for name, grad, param in named:
