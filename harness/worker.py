@@ -49,8 +49,10 @@ def _init_distributed(rank: int, world_size: int, rdzv: Rendezvous, backend: str
 
 
 def run_rank(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, launcher: str = "local",
-             redirect: bool = True, argv: list[str] | None = None) -> int:
+             redirect: bool = True, argv: list[str] | None = None, network: dict | None = None) -> int:
     """Run one rank of a run to the end. Returns the process exit code (0: the run ended, completed or diverged).
+
+    `network`: the emulated network the launcher built (Topology.describe()), recorded in manifest.json.
 
     On an exception the traceback goes to the rank's log and its first line to error-rank<r>.json, which the
     launcher reads to name the failing rank in status.json.
@@ -59,7 +61,7 @@ def run_rank(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, launcher
     if redirect:
         _redirect_output(run_path, rank)
     try:
-        return _run(spec_json, rank, rdzv, run_path, launcher, argv)
+        return _run(spec_json, rank, rdzv, run_path, launcher, argv, network)
     except BaseException as exc:  # noqa: BLE001 - everything a rank dies of is reported
         traceback.print_exc()
         message = f"{type(exc).__name__}: {exc}".splitlines()[0][:2000]
@@ -70,7 +72,8 @@ def run_rank(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, launcher
         sys.stderr.flush()
 
 
-def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: str, argv: list[str] | None) -> int:
+def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: str, argv: list[str] | None,
+         network: dict | None = None) -> int:
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -98,7 +101,8 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     writer = MetricsWriter(run_dir / "metrics.jsonl", rank, clock)
     if rank == 0:
         write_json(run_dir / "manifest.json",
-                   manifest.build(spec.seed, launcher, run_dir, spec.threads_per_rank, argv))
+                   manifest.build(spec.seed, launcher, run_dir, spec.threads_per_rank, argv,
+                                  network or (spec.network.model_dump() if spec.network else None)))
 
     # Same seed on every rank: identical initial weights, and identical across methods for the same workload.
     random.seed(spec.seed)
