@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 from pathlib import Path
 
 EPILOG = "Exit codes: 0 every run completed; 1 some run failed or diverged; 2 bad input (nothing written)."
@@ -98,12 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     handler = {"run": _cmd_run, "report": _cmd_report, "list": _cmd_list, "rerun": _cmd_rerun,
                "net-check": _cmd_net_check}[args.verb]
     # SIGTERM (kill, timeout) tears down like Ctrl-C: ranks stopped, namespaces removed, the run marked failed.
-    signal.signal(signal.SIGTERM, _interrupt)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
     try:
         return handler(args, argv if argv is not None else sys.argv[1:])
     except KeyboardInterrupt:
         print("dtbench: interrupted; the running run was torn down and marked failed", file=sys.stderr)
         return 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _interrupt(signum: int, frame: object) -> None:
