@@ -489,15 +489,21 @@ def plot_network_crossover(speedups: pd.DataFrame, baseline: str = "ddp") -> Fig
     position = {network: i for i, network in enumerate(networks)}
     panels = (("samples_per_s", "samples / s of train time", "Throughput"),
               ("time_to_target_s", "train time to target (s)", "Time to target"),
-              ("throughput_speedup", f"throughput / {baseline}'s", f"Speed-up over {baseline} (throughput)"))
+              ("throughput_speedup", f"throughput / {baseline}'s", f"Throughput over {baseline}'s"))
     for ax, (column, ylabel, title) in zip(axes, panels, strict=True):
         for label, group in speedups.groupby("method_label", sort=False):
             xs = [position[network] for network in group["network"]]
             ax.plot(xs, group[column].astype(float), marker="o", label=str(label))
         if column == "throughput_speedup":
             ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-        if column == "time_to_target_s" and not np.isfinite(speedups[column].astype(float)).any():
-            _note(ax, "no run reached the target")
+        if column == "time_to_target_s":
+            reached = speedups.groupby("method_label", sort=False)[column].apply(
+                lambda times: bool(np.isfinite(times.astype(float)).any()))
+            if not reached.any():
+                _note(ax, "no run reached the target")
+            elif not reached.all():
+                ax.text(0.02, 0.02, "never reached: " + ", ".join(map(str, reached.index[~reached])),
+                        transform=ax.transAxes, fontsize="small", va="bottom")
         ax.set_xticks(range(len(networks)), [network or "loopback" for network in networks])
         ax.set_xlabel("link rate per rank and direction (slowest left)")
         ax.set_ylabel(ylabel)
