@@ -275,6 +275,7 @@ def test_no_namespace_is_left_after_a_killed_rank_or_a_terminated_launcher(tmp_p
     run_dir = out / "n" / "ddp-digits-mlp-w2-net1gbit-s0"
 
     def start_and_wait_for_training() -> tuple[subprocess.Popen, dict]:
+        shutil.rmtree(out, ignore_errors=True)  # no earlier attempt's files to mistake for this one's
         proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(out), "--quiet"],
                                 env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 120
