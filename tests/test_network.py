@@ -144,6 +144,16 @@ def test_bad_run_network_and_bad_cli_network_exit_2_writing_nothing(tmp_path, ca
     assert not (tmp_path / "out").exists()
 
 
+def test_net_check_help_and_bad_options(capsys):
+    from harness.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["net-check", "--help"])
+    assert exit_.value.code == 0 and "2(W-1)/W·size/B + 2(W-1)·latency" in " ".join(capsys.readouterr().out.split())
+    assert main(["net-check", "--network", "100mbit", "--world-size", "1"]) == 2
+    assert capsys.readouterr().err.strip() == "dtbench: error: net-check: --world-size must be at least 2"
+
+
 def test_requirements_name_what_is_missing(monkeypatch, tmp_path):
     spec = NetworkSpec(rate="1gbit")
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
