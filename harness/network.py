@@ -2,16 +2,16 @@
 
 Topology (built by `emulated_network`, removed when it exits, whatever happens):
 
-    root namespace            hub namespace "dtb-<pid>-<n>-hub"            rank namespaces "dtb-<pid>-<n>-r<k>"
-    dtb<pid>n<n> 10.S.T.1  <-veth->  uplink --- br0 (bandwidth only) --- r<k>  <-veth->  dtbnet 10.S.T.(10+k)
+    root namespace             hub namespace "dtb-<pid>-<n>-hub"            rank namespaces "dtb-<pid>-<n>-r<k>"
+    dtb<pid>n<n> 10.213.T.1  <-veth->  uplink --- br0 --- r<k>  <-veth->  dtbnet 10.213.T.(10+k)
 
 Every rank's link (r<k> <-> dtbnet) carries a tbf qdisc at the given rate on both ends, so each rank sends and
 receives at most that rate (full duplex). The launcher's rendezvous store listens in the root namespace and is reached
-at 10.S.T.1. With a latency, the rank links are pairs of TUN devices instead of veths: a relay thread copies the
-packets between them, each after latency/2, and the hub routes between the links. A packet from one rank to another
-crosses two links, so `latency` is the one-way delay between two ranks (the round trip is twice it); the store is
-latency/2 away. Ranks enter their namespace with `enter` before they open any socket and talk over the interface
-IFNAME (GLOO_SOCKET_IFNAME).
+at 10.213.T.1 (T: the first free 10.213.T.0/24). With a latency, the rank links are pairs of TUN devices instead of
+veths: a relay thread copies the packets between them, each after latency/2, and the hub routes between the links
+instead of bridging. A packet from one rank to another crosses two links, so `latency` is the one-way delay between
+two ranks (the round trip is twice it); the store is latency/2 away. Ranks enter their namespace with `enter` before
+they open any socket and talk over the interface IFNAME (GLOO_SOCKET_IFNAME).
 """
 
 from __future__ import annotations
@@ -413,16 +413,16 @@ def _build(topo: Topology) -> None:
     _run("ip", "-n", hub, "link", "set", "uplink", "up")
     _run("ip", "-n", hub, "route", "add", f"{topo.store_addr}/32", "dev", "uplink")
     _run("ip", "netns", "exec", hub, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
-    pairs = []
+    fds: list[int] = []  # rank end, hub end, rank end, hub end, ...
     try:
         for rank, name in enumerate(topo.ranks):
-            pairs.append((_open_tun_in(name, IFNAME), _open_tun_in(hub, f"r{rank}")))
+            fds.append(_open_tun_in(name, IFNAME))
+            fds.append(_open_tun_in(hub, f"r{rank}"))
     except BaseException:
-        for a_b in pairs:
-            for fd in a_b:
-                os.close(fd)
+        for fd in fds:
+            os.close(fd)
         raise
-    topo.relay = Relay(pairs, spec.latency_s / 2).start()
+    topo.relay = Relay(list(zip(fds[::2], fds[1::2], strict=True)), spec.latency_s / 2).start()
     for rank, _name in enumerate(topo.ranks):
         _run("ip", "-n", hub, "link", "set", f"r{rank}", "mtu", str(TUN_MTU), "up")
         _run("ip", "-n", hub, "route", "add", f"{topo.rank_addr(rank)}/32", "dev", f"r{rank}")
