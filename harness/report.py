@@ -514,9 +514,28 @@ def plot_network_crossover(speedups: pd.DataFrame, baseline: str = "ddp") -> Fig
     return fig
 
 
+def crossover_rate(rates_bps: Sequence[float], baseline_times: Sequence[float],
+                   method_times: Sequence[float]) -> float:
+    """Where a method's time (per sample, or to the target) meets the baseline's, in bit/s; NaN where none is seen.
+
+    rates_bps: the shaped rates, slowest first (rates x 1), each with both times measured. Between two adjacent rates
+    where the sign of baseline - method changes, both times are taken as linear in 1/rate (a fixed compute part plus
+    bytes / rate) and the two lines are intersected. The slowest such change is returned.
+    """
+    x = 1 / np.asarray(rates_bps, dtype=float)
+    gap = np.asarray(baseline_times, dtype=float) - np.asarray(method_times, dtype=float)
+    for i in range(len(x) - 1):
+        if np.isfinite(gap[i]) and np.isfinite(gap[i + 1]) and (gap[i] > 0) != (gap[i + 1] > 0):
+            return float(1 / (x[i] - gap[i] * (x[i + 1] - x[i]) / (gap[i + 1] - gap[i])))
+    return math.nan
+
+
 def crossover_lines(speedups: pd.DataFrame, column: str = "throughput_speedup") -> list[str]:
     """network_speedup -> one sentence per method label that has a baseline to compare with: at which networks
-    (slowest first) it beats the baseline (`column` above 1) and at which it does not."""
+    (slowest first) it beats the baseline (`column` above 1) and at which it does not, and where its time per sample
+    and its time to target cross the baseline's (crossover_rate over the shaped rates without latency)."""
+    from harness.network import parse_network
+
     lines = []
     for label, group in speedups.groupby("method_label", sort=False):
         values = group.set_index("network")[column].astype(float)
@@ -524,8 +543,20 @@ def crossover_lines(speedups: pd.DataFrame, column: str = "throughput_speedup") 
             continue
         wins = [n or "loopback" for n, v in values.items() if np.isfinite(v) and v > 1]
         losses = [n or "loopback" for n, v in values.items() if np.isfinite(v) and v <= 1]
-        lines.append(f"{label}: faster at {', '.join(wins) if wins else 'no rate'}"
-                     + (f"; not at {', '.join(losses)}" if losses else ""))
+        line = f"{label}: faster at {', '.join(wins) if wins else 'no rate'}" + (
+            f"; not at {', '.join(losses)}" if losses else "")
+        shaped = group[[bool(n) and parse_network(n).rate_bps is not None and not parse_network(n).latency
+                        for n in group["network"]]]
+        rates = [parse_network(n).rate_bps for n in shaped["network"]]
+        per_sample = crossover_rate(rates, 1 / (shaped["samples_per_s"] / shaped["throughput_speedup"]),
+                                    1 / shaped["samples_per_s"])
+        to_target = crossover_rate(rates, shaped["time_to_target_s"] * shaped["time_speedup"],
+                                   shaped["time_to_target_s"])
+        found = [f"{what} at about {rate / 1e6:.0f} Mbit/s" for what, rate in
+                 (("throughput", per_sample), ("time to target", to_target)) if np.isfinite(rate)]
+        if found:
+            line += "; crossover (interpolated in 1/rate): " + ", ".join(found)
+        lines.append(line)
     return lines
 
 

@@ -4,6 +4,7 @@ namespaces: a calibrated 100 Mbit all_reduce, the relay's latency, and teardown 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -213,10 +214,24 @@ def test_report_facets_by_network():
     assert list(speedups["network"]) == ["100mbit", "1gbit", "unlimited"] * 2
     qsgd = speedups[speedups["method_label"] == "qsgd x2"].set_index("network")
     assert qsgd["throughput_speedup"].tolist() == [4.0, 1.0, 0.5] and qsgd.loc["100mbit", "time_speedup"] == 4.0
-    assert report.crossover_lines(speedups) == ["qsgd x2: faster at 100mbit; not at 1gbit, unlimited"]
+    assert report.crossover_lines(speedups) == [
+        "qsgd x2: faster at 100mbit; not at 1gbit, unlimited; crossover (interpolated in 1/rate): throughput at "
+        "about 1000 Mbit/s"]
     fig = report.plot_network_crossover(speedups)
     assert [ax.get_xticklabels()[0].get_text() for ax in fig.axes] == ["100mbit"] * 3
     assert "By network" in report.network_html(speedups)
+
+
+def test_crossover_rate_intersects_times_linear_in_one_over_rate():
+    # Baseline: 1 ms + 1e6 bit / rate per sample; method: 3 ms + 1e5 bit / rate. Equal at 1e6 - 1e5 = 2e-3 * rate.
+    rates = [1e8, 3e8, 1e9]
+
+    def times(fixed, bits):
+        return [fixed + bits / r for r in rates]
+
+    assert report.crossover_rate(rates, times(1e-3, 1e6), times(3e-3, 1e5)) == pytest.approx(4.5e8)
+    assert math.isnan(report.crossover_rate(rates, times(1e-3, 1e6), times(1e-3, 1e5)))  # always faster
+    assert math.isnan(report.crossover_rate(rates[:1], times(1e-3, 1e6)[:1], times(3e-3, 1e5)[:1]))
 
 
 # ------------------------------------------------------------------------------------- real namespaces (root)
