@@ -1,13 +1,29 @@
-"""The `dtbench` command line: run, status, wait, report, list and rerun."""
+"""The `dtbench` command line: run, status, wait, report, list, rerun and net-check."""
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 EPILOG = "Exit codes: 0 every run completed; 1 some run failed or diverged; 2 bad input (nothing written)."
+NETWORK_HELP = ("emulate a network: every rank in its own network namespace, its link limited to RATE each way by tc "
+                "tbf, and an optional one-way LATENCY between ranks added by a userspace relay. Form: "
+                "RATE[,latency=TIME], e.g. 1gbit, 100mbit, 'unlimited', '100mbit,latency=1ms' (rates in bit, kbit, "
+                "mbit, gbit; times in us, ms, s). Needs root and iproute2. See docs/network.md")
+
+
+def _network(text: str):
+    """argparse type of --network: the parsed NetworkSpec, or argparse's one-line error."""
+    from harness.network import parse_network
+
+    try:
+        return parse_network(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
                           "checkpoint.pt where they have one, else rerun them from the start")
     run.add_argument("--dry-run", action="store_true", help="validate and list the runs; write nothing")
     run.add_argument("--quiet", action="store_true", help="no progress bars (the per-run lines still print)")
+    run.add_argument("--network", metavar="SPEC", type=_network,
+                     help=NETWORK_HELP + ". Replaces the suite's [network] and every run's network (run ids and "
+                                         "labels then carry it).")
 
     status = verbs.add_parser(
         "status", help="show the state of each run of a suite's results",
@@ -78,18 +97,59 @@ def _parser() -> argparse.ArgumentParser:
     rerun.add_argument("--out", type=Path, default=Path("results/rerun"),
                        help="results folder for the rerun (default: results/rerun)")
     rerun.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    check = verbs.add_parser(
+        "net-check", help="measure an emulated network against the ring all-reduce model",
+        description="Build the emulated network of --network for --world-size ranks (as `dtbench run` does), then "
+                    "measure (1) a point-to-point send of --size-mb MiB from rank 0 to rank 1 plus a one-element "
+                    "acknowledgement, against size/B + 2·latency, and (2) a gloo all_reduce of --size-mb MiB over all "
+                    "ranks, against the ring model 2(W-1)/W·size/B + 2(W-1)·latency, where B is the rate of each "
+                    "rank's link in each direction. Each is the median of --repeats timings after a warm-up. Prints "
+                    "a table (measured, model, ratio, achieved Mbit/s) and removes the network. With an unlimited "
+                    "rate there is no model: the table shows what the namespaces achieve.",
+        epilog="Exit codes: 0 every probe within the tolerance (or no model); 1 some probe off by more; 2 the network "
+               "cannot be built here (needs root and iproute2) or bad input.")
+    check.add_argument("--network", metavar="SPEC", type=_network, required=True, help=NETWORK_HELP)
+    check.add_argument("--world-size", type=int, default=2, metavar="N", help="number of ranks (default 2)")
+    check.add_argument("--size-mb", type=float, default=10.0, metavar="MIB",
+                       help="payload of both probes in MiB (default 10)")
+    check.add_argument("--repeats", type=int, default=3, help="timed repetitions per probe (default 3)")
+    check.add_argument("--tolerance", type=float, default=0.25,
+                       help="largest accepted |measured/model - 1| (default 0.25)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler = {"run": _cmd_run, "report": _cmd_report, "list": _cmd_list, "rerun": _cmd_rerun,
-               "status": _cmd_status, "wait": _cmd_wait}[args.verb]
+               "status": _cmd_status, "wait": _cmd_wait, "net-check": _cmd_net_check}[args.verb]
+    # SIGTERM (kill, timeout) tears down like Ctrl-C: ranks stopped, namespaces removed, the run marked failed.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
     try:
         return handler(args, argv if argv is not None else sys.argv[1:])
     except KeyboardInterrupt:
         print("dtbench: interrupted; the running run was torn down and marked failed", file=sys.stderr)
         return 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _network_problem(specs) -> str | None:
+    """Why the emulated networks of these runs cannot be built here, or None (also when no run has one)."""
+    from harness.network import requirements_problem
+
+    for spec in specs:
+        if spec.network is not None:
+            problem = requirements_problem(spec.network)
+            if problem:
+                return problem
+    return None
 
 
 def _fail(message: str) -> int:
@@ -111,7 +171,7 @@ def _cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     from harness.config import SuiteError, expand_suite
 
     try:
-        specs = expand_suite(args.suite, args.only)
+        specs = expand_suite(args.suite, args.only, args.network)
     except SuiteError as exc:
         return _fail(str(exc))
     if not specs:
@@ -125,6 +185,9 @@ def _cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
             print(f"{spec.run_id}\t{spec.method}\t{spec.workload}\tworld_size={spec.world_size}\tseed={spec.seed}")
         print(f"{len(specs)} runs; nothing written (--dry-run).")
         return 0
+    problem = _network_problem(specs)
+    if problem:
+        return _fail(problem)
     from harness.suite import run_specs
 
     print(f"suite {specs[0].suite}: {len(specs)} runs -> {args.out / specs[0].suite}")
@@ -210,6 +273,9 @@ def _cmd_rerun(args: argparse.Namespace, argv: list[str]) -> int:
     except ValidationError as exc:
         e = exc.errors()[0]
         return _fail(f"{path}: {'.'.join(map(str, e['loc'])) or '<top level>'}: {e['msg']}")
+    problem = _network_problem([spec])
+    if problem:
+        return _fail(problem)
     from harness.suite import run_specs
 
     return _finish(run_specs([spec], args.out, argv=["dtbench", *argv], show_progress=not args.quiet))
@@ -225,6 +291,33 @@ def _cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     print(f"report written: {index}")
+    return 0
+
+
+def _cmd_net_check(args: argparse.Namespace, argv: list[str]) -> int:
+    from harness.network import NetworkError, requirements_problem
+
+    if args.world_size < 2:
+        return _fail("net-check: --world-size must be at least 2")
+    if args.size_mb <= 0 or args.repeats < 1 or args.tolerance <= 0:
+        return _fail("net-check: --size-mb and --tolerance must be positive, --repeats at least 1")
+    problem = requirements_problem(args.network)
+    if problem:
+        return _fail(problem)
+    from harness.netcheck import format_table, measure
+
+    try:
+        checks = measure(args.network, args.world_size, int(args.size_mb * 2**20), args.repeats)
+    except NetworkError as exc:
+        return _fail(str(exc))
+    except RuntimeError as exc:
+        print(f"dtbench: net-check failed: {exc}", file=sys.stderr)
+        return 1
+    print(format_table(args.network, checks, args.tolerance))
+    off = [c for c in checks if not c.within(args.tolerance)]
+    if off:
+        print(f"{len(off)} probe(s) off the model by more than {args.tolerance:.0%}.")
+        return 1
     return 0
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from harness.network import NetworkSpec
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -66,6 +68,7 @@ class RunEntry(BaseModel):
     threads_per_rank: int | None = Field(default=None, ge=1)
     budget: Budget | None = None
     nodes: int | None = Field(default=None, ge=1)
+    network: NetworkSpec | None = None
 
 
 class SuiteFile(BaseModel):
@@ -85,6 +88,7 @@ class SuiteFile(BaseModel):
     checkpoint_every_steps: int | None = Field(default=None, ge=1)
     nodes: int = Field(default=1, ge=1, description="SLURM nodes per run; world_size / nodes tasks on each")
     data_root: str | None = None
+    network: NetworkSpec | None = None
     run: list[RunEntry] = Field(min_length=1)
 
 
@@ -111,6 +115,7 @@ class RunSpec(BaseModel):
     nodes: int = 1
     data_root: str | None = None
     suite_file: str | None = None
+    network: NetworkSpec | None = None
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -127,22 +132,27 @@ def _compact(value: Any) -> str:
 
 
 def make_run_id(method: str, workload: str, world_size: int, params: dict[str, Any], seed: int,
-                workload_options: dict[str, Any] | None = None, label: str | None = None) -> str:
+                workload_options: dict[str, Any] | None = None, label: str | None = None,
+                network: NetworkSpec | None = None) -> str:
     """A stable, human-readable, filesystem-safe id from what distinguishes a run.
 
-    Characters outside [A-Za-z0-9._-] become '_'. When that changed anything, or the id is longer than 120
-    characters, an 8-hex digest of the exact inputs is appended so that distinct runs keep distinct ids.
+    An emulated network adds `net<rate>` (and `lat<latency>`) before the seed; ids of runs without one are as they
+    always were. Characters outside [A-Za-z0-9._-] become '_'. When that changed anything, or the id is longer than
+    120 characters, an 8-hex digest of the exact inputs is appended so that distinct runs keep distinct ids.
     """
     parts = [label or method, workload, f"w{world_size}"]
     parts += [f"{k}{_compact(v)}" for k, v in sorted((workload_options or {}).items())]
     parts += [f"{k}{_compact(v)}" for k, v in sorted(params.items())]
+    if network is not None:
+        parts.append(f"net{network.rate}" + (f"-lat{network.latency}" if network.latency else ""))
     parts.append(f"s{seed}")
     raw = "-".join(parts)
     safe = _UNSAFE.sub("_", raw).strip("._-") or "run"
     if safe != raw or len(safe) > 120:
-        digest = hashlib.sha256(json.dumps(
-            [method, workload, world_size, params, seed, workload_options, label],
-            sort_keys=True, default=str).encode()).hexdigest()[:8]
+        inputs: list[Any] = [method, workload, world_size, params, seed, workload_options, label]
+        if network is not None:  # only then: the digests of runs without a network stay as they were
+            inputs.append(network.text)
+        digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:8]
         safe = f"{safe[:110]}-{digest}"
     return safe
 
@@ -191,11 +201,12 @@ def load_suite_file(path: str | Path) -> tuple[SuiteFile, dict[str, Any]]:
         raise _first_error(path, exc, doc) from None
 
 
-def expand_suite(path: str | Path, only: str | None = None) -> list[RunSpec]:
+def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec | None = None) -> list[RunSpec]:
     """Validate a suite file and expand it into one RunSpec per run and seed.
 
     Checks every method name, workload name, method and workload parameter, and world size. Any problem raises
-    SuiteError naming the file and the field; nothing is written by this function.
+    SuiteError naming the file and the field; nothing is written by this function. `network` (from --network)
+    replaces the suite's and every run's network.
     """
     from harness import workloads
     from methods import registry
@@ -252,20 +263,24 @@ def expand_suite(path: str | Path, only: str | None = None) -> list[RunSpec]:
         if budget.max_epochs is None and budget.max_steps is None and budget.max_train_seconds is None:
             raise SuiteError(f"{path}: budget: give at least one of max_epochs, max_steps, max_train_seconds")
         threads = entry.threads_per_rank or suite.threads_per_rank or default_threads(entry.world_size)
+        run_network = network or entry.network or suite.network
+        label = entry.label or default_label(entry)
+        if run_network is not None:
+            label += f" @ {run_network.text}"
         for seed in suite.seeds:
             run_id = make_run_id(entry.method, workload_name, entry.world_size, entry.params, seed,
-                                 entry.workload_options, entry.label)
+                                 entry.workload_options, entry.label, run_network)
             if run_id in seen:
                 raise SuiteError(f"{path}: {where}: duplicates {seen[run_id]} (same method, workload, world size, "
-                                 f"params and seed); give it a distinct label")
+                                 f"params, network and seed); give it a distinct label")
             seen[run_id] = where
             specs.append(RunSpec(
-                suite=suite.name, run_id=run_id, label=entry.label or default_label(entry), method=entry.method,
+                suite=suite.name, run_id=run_id, label=label, method=entry.method,
                 family=method_cls.family, workload=workload_name, workload_options=resolved_options,
                 world_size=entry.world_size, seed=seed, params=params.model_dump(), budget=budget,
                 threads_per_rank=threads, deterministic=suite.deterministic,
                 log_every_steps=suite.log_every_steps, checkpoint_every_steps=suite.checkpoint_every_steps,
-                nodes=nodes, data_root=suite.data_root, suite_file=str(path.resolve()),
+                nodes=nodes, data_root=suite.data_root, suite_file=str(path.resolve()), network=run_network,
             ))
     if only:
         specs = [s for s in specs if fnmatch.fnmatchcase(s.run_id, only)]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import network
 from harness.checkpoint import STOP
 from harness.config import RunSpec
 from harness.recorder import write_status
@@ -28,11 +29,15 @@ class LaunchResult:
     seconds: float
 
 
-def _entry(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, argv: list[str], resume: bool) -> None:
+def _entry(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, argv: list[str], resume: bool,
+           netns: str | None = None, network_info: dict | None = None) -> None:
+    if netns is not None:  # first thing: no socket or thread may exist before the rank is in its namespace
+        network.enter(netns)
+        os.environ["GLOO_SOCKET_IFNAME"] = network.IFNAME
     # SIGUSR2 on any rank (from a batch system, or a person) stops the run after a checkpoint: state preempted,
     # and `dtbench run --resume` goes on from there.
     STOP.install(stop_on=(signal.SIGUSR2,))
-    sys.exit(run_rank(spec_json, rank, rdzv, run_dir, "local", True, argv, resume))
+    sys.exit(run_rank(spec_json, rank, rdzv, run_dir, "local", True, argv, resume=resume, network=network_info))
 
 
 def _describe(rank: int, exitcode: int, run_dir: Path) -> dict:
@@ -107,16 +112,36 @@ def launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None]
     The launcher hosts the rendezvous store (on a free port it picked itself), so ranks never race for a port. If a
     rank exits with an error or is killed, the remaining ranks are torn down at once and the run is marked failed,
     naming that rank. Ctrl-C tears everything down too.
+
+    With spec.network, every rank runs in its own network namespace on an emulated network (harness/network.py),
+    built before the ranks start and removed after they have all ended, whatever happened.
     """
+    start = time.monotonic()
+    if spec.network is None:
+        return _launch(spec, run_dir, progress, argv, None, start, resume)
+    try:
+        with network.emulated_network(spec.network, spec.world_size) as topology:
+            return _launch(spec, run_dir, progress, argv, topology, start, resume)
+    except network.NetworkError as exc:
+        error = {"message": str(exc), "rank": None}
+        write_status(run_dir, "failed", error=error)
+        return LaunchResult("failed", error, time.monotonic() - start)
+
+
+def _launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None] | None, argv: list[str] | None,
+            topology: network.Topology | None, start: float, resume: bool = False) -> LaunchResult:
     import torch.distributed as dist
 
-    start = time.monotonic()
-    store = dist.TCPStore("127.0.0.1", 0, spec.world_size, is_master=True, wait_for_workers=False)
-    rdzv = Rendezvous("127.0.0.1", store.port, store_is_external=True)
+    # On an emulated network the store listens on every address, so the namespaces reach it at the root's address.
+    host = "127.0.0.1" if topology is None else "0.0.0.0"
+    store = dist.TCPStore(host, 0, spec.world_size, is_master=True, wait_for_workers=False)
+    rdzv = Rendezvous("127.0.0.1" if topology is None else topology.store_addr, store.port, store_is_external=True)
     ctx = multiprocessing.get_context("spawn")
     spec_json = spec.model_dump_json()
     argv = list(argv if argv is not None else sys.argv)
-    procs = [ctx.Process(target=_entry, args=(spec_json, r, rdzv, str(run_dir), argv, resume), name=f"rank{r}")
+    info = topology.describe() if topology is not None else None
+    procs = [ctx.Process(target=_entry, name=f"rank{r}",
+                         args=(spec_json, r, rdzv, str(run_dir), argv, resume, topology and topology.ranks[r], info))
              for r in range(spec.world_size)]
     for p in procs:
         p.start()

@@ -58,9 +58,12 @@ def slurm_job_id() -> str | None:
     return os.environ.get("SLURM_JOB_ID")
 
 
-def build(seed: int, launcher: str, run_dir: Path, threads_per_rank: int, argv: list[str] | None = None) -> dict[
-        str, Any]:
-    """Everything that says where a run came from. Cheap: called once per run, before training."""
+def build(seed: int, launcher: str, run_dir: Path, threads_per_rank: int, argv: list[str] | None = None,
+          network: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything that says where a run came from. Cheap: called once per run, before training.
+
+    `network`: the emulated network the run used (rate, latency, namespaces, addresses), None for none.
+    """
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -75,6 +78,7 @@ def build(seed: int, launcher: str, run_dir: Path, threads_per_rank: int, argv: 
         "threads": {"per_rank": threads_per_rank, "torch_intraop": torch.get_num_threads(),
                     "torch_interop": torch.get_num_interop_threads()},
         "launcher": launcher,
+        "network": network,
         "slurm_job_id": slurm_job_id(),
         "seed": seed,
         "start_time": utc_now(),

@@ -25,7 +25,7 @@ SUMMARY_COLUMNS = (
     "suite", "run_id", "method", "workload", "world_size", "seed", "state", "final_accuracy", "best_accuracy",
     "time_to_target_s", "train_time_s", "total_bytes", "bytes_per_sample",
 )  # fmt: skip
-EXTRA_COLUMNS = ("label", "family", "steps", "epochs", "bubble")
+EXTRA_COLUMNS = ("label", "family", "steps", "epochs", "network", "samples_per_s", "bubble")
 CURVE_COLUMNS = ("label", "seed", "run_id", "x", "test_accuracy")
 #: Summary columns that the per-label aggregate averages over seeds, with their display names.
 AGGREGATED = {
@@ -82,6 +82,7 @@ def run_summary(run: RunResult) -> dict[str, Any]:
     has_bytes = sent.notna() & _numeric(train, "rank").notna()
     total_bytes = int(round(sent[has_bytes].groupby(_numeric(train, "rank")[has_bytes]).last().sum()))
     samples = _last(_numeric(_lowest_rank(train), "samples"))
+    train_time = float(_numeric(rank0, "train_time_s").max())
     return {
         "suite": spec.get("suite"),
         "run_id": spec.get("run_id") or run.run_dir.name,
@@ -93,15 +94,26 @@ def run_summary(run: RunResult) -> dict[str, Any]:
         "final_accuracy": _last(accuracy),
         "best_accuracy": float(accuracy.max()) if accuracy.notna().any() else math.nan,
         "time_to_target_s": time_to_target,
-        "train_time_s": float(_numeric(rank0, "train_time_s").max()),
+        "train_time_s": train_time,
         "total_bytes": total_bytes,
         "bytes_per_sample": total_bytes / samples if samples > 0 else math.nan,
         "label": run.label,
         "family": spec.get("family"),
         "steps": _numeric(rank0, "step").max(),
         "epochs": float(_numeric(rank0, "epoch").max()),
+        "network": network_text(spec),
+        "samples_per_s": samples / train_time if samples > 0 and train_time > 0 else math.nan,
         "bubble": measured_bubble(run),
     }
+
+
+def network_text(spec: dict[str, Any]) -> str:
+    """A spec's emulated network in the --network form ('100mbit,latency=1ms'); '' for none (loopback)."""
+    network = spec.get("network")
+    if not isinstance(network, dict):
+        return ""
+    return str(network.get("rate") or "unlimited") + (f",latency={network['latency']}" if network.get("latency")
+                                                      else "")
 
 
 def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
@@ -115,6 +127,8 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
     - bytes_per_sample: total_bytes / the (global) samples of rank 0's last train record; NaN if 0 or missing.
     - state: status.json's state, "unknown" when it is missing.
     - steps / epochs: the largest step / epoch of rank 0's records of KNOWN_KINDS.
+    - network: the emulated network in the --network form ('100mbit', 'unlimited,latency=1ms'); empty for none.
+    - samples_per_s: throughput, rank 0's last global samples / train_time_s (NaN when either is 0 or missing).
     - bubble: a multi-process pipeline run's measured idle share, from its `trace` records (NaN for others).
     A run without metrics still gets a row (NaN metrics, 0 bytes).
     """
@@ -416,6 +430,139 @@ def plot_head_accuracy(heads: pd.DataFrame) -> Figure:
     return fig
 
 
+def network_order(networks: Sequence[str]) -> list[str]:
+    """Distinct networks (--network form) from the slowest to the fastest: by rate, then larger latency first;
+    'unlimited' after every rate and '' (no emulation, loopback) last."""
+    from harness.network import parse_network
+
+    def key(text: str) -> tuple[float, float]:
+        if not text:
+            return (math.inf, -1.0)
+        spec = parse_network(text)
+        return (float(spec.rate_bps) if spec.rate_bps else 1e30, -spec.latency_s)
+
+    return sorted(set(networks), key=key)
+
+
+def method_label(label: str, network: str) -> str:
+    """A run's label without the ' @ <network>' that the suite expansion appends: what it is across networks."""
+    suffix = f" @ {network}"
+    return label[: -len(suffix)] if network and label.endswith(suffix) else label
+
+
+def network_speedup(table: pd.DataFrame, baseline: str = "ddp") -> pd.DataFrame:
+    """summary (runs x columns) -> DataFrame (method labels · networks x columns), networks slowest first.
+
+    Columns: method_label (the label without its network), network, runs, samples_per_s and time_to_target_s (means
+    over the seeds; time only over the runs that reached the target), throughput_speedup (samples_per_s over that of
+    the `baseline` method's label at the same network) and time_speedup (the baseline's time to target over this
+    one's): above 1 where the method beats the baseline. The speed-ups are NaN where the baseline has no value.
+    """
+    networks = table["network"].fillna("").astype(str)
+    data = table.assign(network=networks, method_label=[
+        method_label(str(label), network) for label, network in zip(table["label"], networks, strict=True)])
+    rows = []
+    for (label, network), group in data.groupby(["method_label", "network"], sort=False):
+        rows.append({"method_label": label, "network": network, "method": group["method"].iloc[0],
+                     "runs": len(group), "samples_per_s": group["samples_per_s"].astype(float).mean(),
+                     "time_to_target_s": group["time_to_target_s"].astype(float).mean()})
+    frame = pd.DataFrame(rows, columns=["method_label", "network", "method", "runs", "samples_per_s",
+                                        "time_to_target_s"])
+    base = frame[frame["method"] == baseline]
+    base = base[base["method_label"] == base["method_label"].iloc[0]] if len(base) else base
+    by_network = base.set_index("network")
+    frame["throughput_speedup"] = [row.samples_per_s / by_network["samples_per_s"].get(row.network, math.nan)
+                                   for row in frame.itertuples()]
+    frame["time_speedup"] = [by_network["time_to_target_s"].get(row.network, math.nan) / row.time_to_target_s
+                             for row in frame.itertuples()]
+    order = {network: i for i, network in enumerate(network_order(frame["network"]))}
+    labels = {label: i for i, label in enumerate(pd.unique(frame["method_label"]))}
+    frame = frame.sort_values(by=["method_label", "network"], key=lambda column: column.map(
+        labels if column.name == "method_label" else order), kind="stable")
+    return frame.drop(columns="method").reset_index(drop=True)
+
+
+def plot_network_crossover(speedups: pd.DataFrame, baseline: str = "ddp") -> Figure:
+    """network_speedup (method labels · networks x columns) -> three panels against the link rate (slowest left):
+    throughput (samples/s of train time), train time to the target, and throughput over the baseline's (where a
+    method's line crosses 1 is the crossover: compression pays at the rates left of it)."""
+    fig = _figure(15, 4.6)
+    axes = fig.subplots(1, 3)
+    networks = network_order(speedups["network"])
+    position = {network: i for i, network in enumerate(networks)}
+    panels = (("samples_per_s", "samples / s of train time", "Throughput"),
+              ("time_to_target_s", "train time to target (s)", "Time to target"),
+              ("throughput_speedup", f"throughput / {baseline}'s", f"Throughput over {baseline}'s"))
+    for ax, (column, ylabel, title) in zip(axes, panels, strict=True):
+        for label, group in speedups.groupby("method_label", sort=False):
+            xs = [position[network] for network in group["network"]]
+            ax.plot(xs, group[column].astype(float), marker="o", label=str(label))
+        if column == "throughput_speedup":
+            ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+        if column == "time_to_target_s":
+            reached = speedups.groupby("method_label", sort=False)[column].apply(
+                lambda times: bool(np.isfinite(times.astype(float)).any()))
+            if not reached.any():
+                _note(ax, "no run reached the target")
+            elif not reached.all():
+                ax.text(0.02, 0.02, "never reached: " + ", ".join(map(str, reached.index[~reached])),
+                        transform=ax.transAxes, fontsize="small", va="bottom")
+        ax.set_xticks(range(len(networks)), [network or "loopback" for network in networks])
+        ax.set_xlabel("link rate per rank and direction (slowest left)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title} (mean over seeds)")
+        if column != "throughput_speedup" and (speedups[column].astype(float) > 0).any():
+            ax.set_yscale("log")
+    axes[0].legend(title=None, fontsize="small")
+    return fig
+
+
+def crossover_rate(rates_bps: Sequence[float], baseline_times: Sequence[float],
+                   method_times: Sequence[float]) -> float:
+    """Where a method's time (per sample, or to the target) meets the baseline's, in bit/s; NaN where none is seen.
+
+    rates_bps: the shaped rates, slowest first (rates x 1), each with both times measured. Between two adjacent rates
+    where the sign of baseline - method changes, both times are taken as linear in 1/rate (a fixed compute part plus
+    bytes / rate) and the two lines are intersected. The slowest such change is returned.
+    """
+    x = 1 / np.asarray(rates_bps, dtype=float)
+    gap = np.asarray(baseline_times, dtype=float) - np.asarray(method_times, dtype=float)
+    for i in range(len(x) - 1):
+        if np.isfinite(gap[i]) and np.isfinite(gap[i + 1]) and (gap[i] > 0) != (gap[i + 1] > 0):
+            return float(1 / (x[i] - gap[i] * (x[i + 1] - x[i]) / (gap[i + 1] - gap[i])))
+    return math.nan
+
+
+def crossover_lines(speedups: pd.DataFrame, column: str = "throughput_speedup") -> list[str]:
+    """network_speedup -> one sentence per method label that has a baseline to compare with: at which networks
+    (slowest first) it beats the baseline (`column` above 1) and at which it does not, and where its time per sample
+    and its time to target cross the baseline's (crossover_rate over the shaped rates without latency)."""
+    from harness.network import parse_network
+
+    lines = []
+    for label, group in speedups.groupby("method_label", sort=False):
+        values = group.set_index("network")[column].astype(float)
+        if not np.isfinite(values).any() or np.allclose(values[np.isfinite(values)], 1.0):
+            continue
+        wins = [n or "loopback" for n, v in values.items() if np.isfinite(v) and v > 1]
+        losses = [n or "loopback" for n, v in values.items() if np.isfinite(v) and v <= 1]
+        line = f"{label}: faster at {', '.join(wins) if wins else 'no rate'}" + (
+            f"; not at {', '.join(losses)}" if losses else "")
+        shaped = group[[bool(n) and parse_network(n).rate_bps is not None and not parse_network(n).latency
+                        for n in group["network"]]]
+        rates = [parse_network(n).rate_bps for n in shaped["network"]]
+        per_sample = crossover_rate(rates, 1 / (shaped["samples_per_s"] / shaped["throughput_speedup"]),
+                                    1 / shaped["samples_per_s"])
+        to_target = crossover_rate(rates, shaped["time_to_target_s"] * shaped["time_speedup"],
+                                   shaped["time_to_target_s"])
+        found = [f"{what} at about {rate / 1e6:.0f} Mbit/s" for what, rate in
+                 (("throughput", per_sample), ("time to target", to_target)) if np.isfinite(rate)]
+        if found:
+            line += "; crossover (interpolated in 1/rate): " + ", ".join(found)
+        lines.append(line)
+    return lines
+
+
 def png_bytes(fig: Figure) -> bytes:
     """Render a figure to PNG."""
     buffer = io.BytesIO()
@@ -465,9 +612,30 @@ def _table_html(frame: pd.DataFrame) -> str:
                          float_format=lambda value: format(value, ".4g"))
 
 
+def network_html(speedups: pd.DataFrame, baseline: str = "ddp") -> str:
+    """The 'By network' section: where each method beats the baseline, and the per-network table."""
+    e = html.escape
+    items = "\n".join(f"<li>{e(line)}</li>" for line in crossover_lines(speedups))
+    shown = speedups.rename(columns={
+        "method_label": "method", "samples_per_s": "samples / s", "time_to_target_s": "time to target (s)",
+        "throughput_speedup": f"throughput / {baseline}", "time_speedup": f"{baseline} time to target / this"})
+    return f"""<h2>By network</h2>
+<p>The same runs on emulated networks (each rank's link limited to the given rate in each direction). Above 1, a
+method beats {e(baseline)} at that rate; where its speed-up crosses 1 is where compression starts to pay.</p>
+<p>Throughput (samples per second of train time) against {e(baseline)}'s:</p>
+<ul>
+{items}
+</ul>
+{_table_html(shown)}
+"""
+
+
 def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.DataFrame,
-                failed: pd.DataFrame, images: dict[str, bytes], scope: str) -> str:
-    """What the page shows -> one self-contained HTML page (inline CSS, images as data: URIs, no links)."""
+                failed: pd.DataFrame, images: dict[str, bytes], scope: str, network_section: str = "") -> str:
+    """What the page shows -> one self-contained HTML page (inline CSS, images as data: URIs, no links).
+
+    `network_section`: HTML placed after the per-label table (see network_html), for suites over several networks.
+    """
     e = html.escape
     figures = "\n".join(
         f'<figure><img alt="{e(name)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
@@ -499,7 +667,7 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
 <p>± is the half-width of the 95% Student-t confidence interval over seeds; n counts the runs with a value.
 {e(scope)}</p>
 {_table_html(aggregate_display(aggregates))}
-<h2>Plots</h2>
+{network_section}<h2>Plots</h2>
 <p>Bands and error bars are seaborn's 95% bootstrap confidence intervals over seeds.</p>
 <div class="plots">
 {figures}
@@ -517,7 +685,9 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     """Write summary.csv, the PNG plots and index.html for a suite folder; return the path of index.html.
 
     Plots: accuracy against train time and epochs, time to target, bytes per sample, (when some run has
-    auxiliary heads) per-chunk head accuracy, and a Gantt chart of a traced step per pipeline label.
+    auxiliary heads) per-chunk head accuracy, a Gantt chart of a traced step per pipeline label, and (when the runs
+    span more than one network) throughput, time to target and speed-up over ddp against the link rate, with a
+    'By network' section on the page.
 
     out_dir defaults to suite_dir/report. Aggregates, curves and bar plots use the completed runs (every run
     when none completed); the summary table lists every run. Raises ValueError when the folder holds no run.
@@ -547,6 +717,12 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     if not heads.empty:
         figures["head_accuracy.png"] = plot_head_accuracy(heads)
     figures.update(gantt_figures(used))
+    section = ""
+    if used_table["network"].nunique() > 1:
+        speedups = network_speedup(used_table)
+        speedups.to_csv(out_dir / "network_speedup.csv", index=False)
+        figures["network_crossover.png"] = plot_network_crossover(speedups)
+        section = network_html(speedups)
     images = {}
     for name, fig in figures.items():
         images[name] = png_bytes(fig)
@@ -555,7 +731,7 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     suite = str(runs[0].spec.get("suite") or suite_dir.name)
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     page = render_html(suite, generated, table, aggregate(table, ("completed",) if completed else None),
-                       failures(runs), images, scope)
+                       failures(runs), images, scope, section)
     index = out_dir / "index.html"
     index.write_text(page, encoding="utf-8")
     return index

@@ -49,19 +49,21 @@ def _init_distributed(rank: int, world_size: int, rdzv: Rendezvous, backend: str
 
 
 def run_rank(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, launcher: str = "local",
-             redirect: bool = True, argv: list[str] | None = None, resume: bool = False) -> int:
+             redirect: bool = True, argv: list[str] | None = None, resume: bool = False,
+             network: dict | None = None) -> int:
     """Run one rank of a run to the end. Returns the process exit code (0: the run ended, completed, diverged or
     preempted; status.json says which).
 
     With `resume`, a checkpoint.pt in `run_dir` is continued from (metrics.jsonl is cut back to it first); without
-    one the run starts at step 0. On an exception the traceback goes to the rank's log and its first line to
+    one the run starts at step 0. `network`: the emulated network the launcher built (Topology.describe()), recorded
+    in manifest.json. On an exception the traceback goes to the rank's log and its first line to
     error-rank<r>.json, which the launcher reads to name the failing rank in status.json.
     """
     run_path = Path(run_dir)
     if redirect:
         _redirect_output(run_path, rank)
     try:
-        return _run(spec_json, rank, rdzv, run_path, launcher, argv, resume)
+        return _run(spec_json, rank, rdzv, run_path, launcher, argv, resume, network)
     except BaseException as exc:  # noqa: BLE001 - everything a rank dies of is reported
         traceback.print_exc()
         message = f"{type(exc).__name__}: {exc}".splitlines()[0][:2000]
@@ -88,7 +90,7 @@ def _load_checkpoint(spec, run_dir: Path, rank: int, comm) -> dict | None:
 
 
 def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: str, argv: list[str] | None,
-         resume: bool = False) -> int:
+         resume: bool = False, network: dict | None = None) -> int:
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -116,7 +118,8 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     clock = TrainClock(*((saved["train_time_s"], saved["wall_time_s"]) if saved else ()))
     writer = MetricsWriter(run_dir / "metrics.jsonl", rank, clock)
     if rank == 0:
-        info = manifest.build(spec.seed, launcher, run_dir, spec.threads_per_rank, argv)
+        info = manifest.build(spec.seed, launcher, run_dir, spec.threads_per_rank, argv,
+                              network or (spec.network.model_dump() if spec.network else None))
         if saved:
             info["resumed_from_step"] = saved["step"]
         write_json(run_dir / "manifest.json", info)

@@ -98,7 +98,8 @@ def load(suite_dir: Path):
 
 def test_summary_columns_and_values(suite: Path) -> None:
     table = report.summary(load(suite)).set_index("run_id", drop=False)
-    assert list(table.columns) == [*report.SUMMARY_COLUMNS, "label", "family", "steps", "epochs", "bubble"]
+    assert list(table.columns) == [*report.SUMMARY_COLUMNS, "label", "family", "steps", "epochs", "network",
+                                   "samples_per_s", "bubble"]
     assert list(table.columns[:13]) == [
         "suite", "run_id", "method", "workload", "world_size", "seed", "state", "final_accuracy",
         "best_accuracy", "time_to_target_s", "train_time_s", "total_bytes", "bytes_per_sample"]
