@@ -204,6 +204,10 @@ def _submit(args: argparse.Namespace, specs, argv: list[str]) -> int:
         site = load_site(args.site)
     except SuiteError as exc:
         return _fail(str(exc))
+    emulated = [s.run_id for s in specs if s.network is not None]
+    if emulated:
+        return _fail(f"{emulated[0]}: network emulation runs with the local launcher only (a cluster has its own "
+                     "network); drop --network and [network] for --launcher slurm")
     if args.nodes is not None:
         bad = [s.run_id for s in specs if args.nodes < 1 or s.world_size % args.nodes]
         if bad:

@@ -174,3 +174,14 @@ def test_submit_skips_completed_runs_on_resume(tmp_path, suite_file, fake_tianhe
     (done / "status.json").write_text(json.dumps({"state": "completed"}))
     submitted = submit_specs(specs, tmp_path / "out", site, resume=True)
     assert [s.spec.run_id for s in submitted] == [s.run_id for s in specs[1:]]
+
+
+def test_network_emulation_is_refused_for_slurm(tmp_path, capsys):
+    from harness import cli
+
+    suite = tmp_path / "net.toml"
+    suite.write_text('name = "net"\nworkload = "digits-mlp"\n[network]\nrate = "100mbit"\n'
+                     '[[run]]\nmethod = "ddp"\nworld_size = 2\n')
+    assert cli.main(["run", str(suite), "--launcher", "slurm", "--out", str(tmp_path / "out")]) == 2
+    assert "local launcher only" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
