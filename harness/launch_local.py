@@ -37,7 +37,13 @@ def _entry(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, argv: list
     # SIGUSR2 on any rank (from a batch system, or a person) stops the run after a checkpoint: state preempted,
     # and `dtbench run --resume` goes on from there.
     STOP.install(stop_on=(signal.SIGUSR2,))
-    sys.exit(run_rank(spec_json, rank, rdzv, run_dir, "local", True, argv, resume=resume, network=network_info))
+    code = run_rank(spec_json, rank, rdzv, run_dir, "local", True, argv, resume=resume, network=network_info)
+    # Leave without the interpreter's teardown: every file is written and closed and the process group destroyed,
+    # and a C++ thread torn down late at exit has aborted a finished rank ("terminate called without an active
+    # exception", seen once in a CI smoke run), which the launcher would then report as a failed run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _describe(rank: int, exitcode: int, run_dir: Path) -> dict:
