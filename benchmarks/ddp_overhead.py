@@ -17,7 +17,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,8 +25,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks" / "asv")]  # _dist,
 
 def _bench(rank: int, world_size: int, workload: str, options: dict, rounds: int, steps: int, batch_size: int):
     import torch
-    import torch.distributed as dist
-    from dtbench_bench_ranks import make_loop
+    from dtbench_bench_ranks import interleaved, make_loop
     from torch.nn.parallel import DistributedDataParallel
 
     from harness.data import DataOrder
@@ -77,18 +75,8 @@ def _bench(rank: int, world_size: int, workload: str, options: dict, rounds: int
         method.train_step(Batch(method_step, 0.0, order.batch(method_step), train, 0))
         method_step += 1
 
-    variants = [("harness", harness), ("plain", plain), ("method", method_only), ("torch_hook", torch_python_hook)]
-    times: dict[str, list[float]] = {name: [] for name, _ in variants}
-    for _, fn in variants:  # warm-up
-        for _ in range(steps):
-            fn()
-    for r in range(rounds):
-        for name, fn in variants if r % 2 == 0 else reversed(variants):
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(steps):
-                fn()
-            times[name].append((time.perf_counter() - start) / steps)
+    variants = {"harness": harness, "plain": plain, "method": method_only, "torch_hook": torch_python_hook}
+    times = interleaved(variants, rounds, steps, warmup=steps)
     writer.close()
     return times
 

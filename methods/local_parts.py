@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from methods.pipeline.partitioner import uniform_partition
+
 
 def chunk_ranges(num_blocks: int, chunks: int, variant: str) -> list[tuple[int, int]]:
     """[start, end) block ranges of each chunk, in order.
@@ -17,12 +19,7 @@ def chunk_ranges(num_blocks: int, chunks: int, variant: str) -> list[tuple[int, 
         return [(b, b + 1) for b in range(num_blocks)]
     if not 1 <= chunks <= num_blocks:
         raise ValueError(f"cannot cut {num_blocks} blocks into {chunks} chunks")
-    base, extra = divmod(num_blocks, chunks)
-    ranges, start = [], 0
-    for c in range(chunks):
-        end = start + base + (1 if c < extra else 0)
-        ranges.append((start, end))
-        start = end
+    ranges = uniform_partition(num_blocks, chunks)
     if variant == "overlapping":
         ranges = [ranges[0]] + [(s - 1, e) for s, e in ranges[1:]]
     elif variant != "chunked":

@@ -8,11 +8,35 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 WORKLOAD = "synthetic-mlp"  # default sizes: 256 -> 4 x 512 -> 10 (about 0.9M parameters), 8192 train samples
 PARAMS = {"batch_size": 128, "lr": 0.05, "momentum": 0.9}
+
+
+def interleaved(variants: dict[str, Callable[[], object]], rounds: int, steps: int, warmup: int,
+                barrier_after: bool = False) -> dict[str, list[float]]:
+    """Seconds per call of each variant, in alternating blocks of `steps` calls (order reversed every other round,
+    so machine noise hits all alike), after `warmup` calls of each. Every block starts with a barrier of the ranks;
+    with `barrier_after` it also ends with one, so a block times the whole group's work, not just this rank's."""
+    import torch.distributed as dist
+
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for fn in variants.values():
+        for _ in range(warmup):
+            fn()
+    for r in range(rounds):
+        for name in list(variants) if r % 2 == 0 else list(reversed(variants)):
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(steps):
+                variants[name]()
+            if barrier_after:
+                dist.barrier()
+            times[name].append((time.perf_counter() - start) / steps)
+    return times
 
 
 def make_loop(method_name: str, rank: int, world_size: int, folder: Path, workload: str = WORKLOAD,
@@ -52,7 +76,6 @@ def ddp_against_torch(rank: int, world_size: int, rounds: int, steps: int) -> di
     `steps` steps after `steps` warm-up steps each. Returns {"ddp": [...], "torch": [...]}, one value per round.
     """
     import torch
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     from harness.data import DataOrder
@@ -76,18 +99,7 @@ def ddp_against_torch(rank: int, world_size: int, rounds: int, steps: int) -> di
             optimizer.step()
             torch_steps += 1
 
-        variants = {"ddp": loop.train_one_step, "torch": torch_step}
-        times: dict[str, list[float]] = {name: [] for name in variants}
-        for step in variants.values():
-            for _ in range(steps):
-                step()
-        for index in range(rounds):
-            for name in (list(variants) if index % 2 == 0 else list(reversed(variants))):
-                dist.barrier()
-                start = time.perf_counter()
-                for _ in range(steps):
-                    variants[name]()
-                times[name].append((time.perf_counter() - start) / steps)
+        times = interleaved({"ddp": loop.train_one_step, "torch": torch_step}, rounds, steps, warmup=steps)
         loop.writer.close()
     return times
 
@@ -162,20 +174,12 @@ def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, 
             torch_opt.step()
         return step
 
-    variants = [("ours_gpipe", ours("gpipe")), ("torch_gpipe", theirs(ScheduleGPipe)),
-                ("ours_1f1b", ours("1f1b")), ("torch_1f1b", theirs(Schedule1F1B))]
-    times: dict[str, Any] = {name: [] for name, _ in variants}
-    for _, fn in variants:  # warm-up
+    variants = {"ours_gpipe": ours("gpipe"), "torch_gpipe": theirs(ScheduleGPipe), "ours_1f1b": ours("1f1b"),
+                "torch_1f1b": theirs(Schedule1F1B)}
+    for fn in variants.values():  # warm-up, whose traces are not kept
         fn()
     traces.clear()
-    for r in range(rounds):
-        for name, fn in variants if r % 2 == 0 else reversed(variants):
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(steps):
-                fn()
-            dist.barrier()
-            times[name].append((time.perf_counter() - start) / steps)
+    times: dict[str, Any] = interleaved(variants, rounds, steps, warmup=0, barrier_after=True)
     executor.flush()
     times["gpipe_traces"] = traces
     return times

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from harness.comm import Communicator
+from methods.pipeline.bubble import COMPUTE_OPS
 from methods.pipeline.schedule import Action, Interleaver, Op, Schedule
 from methods.pipeline.stage import Stage
 
@@ -39,7 +40,7 @@ class Trace:
         self.events.append((action.op.value, -1 if action.mb is None else action.mb, start, end, version))
 
     def busy_s(self) -> float:
-        return sum(e - s for op, _, s, e, _ in self.events if op in ("forward", "backward", "update"))
+        return sum(e - s for op, _, s, e, _ in self.events if op in COMPUTE_OPS)
 
     def wait_s(self) -> float:
         return sum(e - s for op, _, s, e, _ in self.events if op in ("recv_act", "recv_grad"))
