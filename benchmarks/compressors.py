@@ -73,7 +73,7 @@ def naive_onebit(g: torch.Tensor) -> torch.Tensor:
 
 def _ours() -> dict[str, Callable[[], object]]:
     """name -> a compressor instance (imports are lazy, so a missing method only drops its row)."""
-    from methods.qsgd import QSGDCompressor
+    from methods.compression.qsgd import QSGDCompressor
 
     out: dict[str, object] = {
         "qsgd-8bit-d128": QSGDCompressor(8, 128),
@@ -81,19 +81,19 @@ def _ours() -> dict[str, Callable[[], object]]:
         "qsgd-2bit-d128": QSGDCompressor(2, 128),
     }
     try:
-        from methods.terngrad import TernGradCompressor
+        from methods.compression.terngrad import TernGradCompressor
 
         out["terngrad"] = TernGradCompressor()
     except ImportError:
         pass
     try:
-        from methods.dgc import DGCCompressor
+        from methods.compression.dgc import DGCCompressor
 
         out["dgc-0.1%"] = DGCCompressor(density=0.001)
     except ImportError:
         pass
     try:
-        from methods.onebit import OneBitCompressor
+        from methods.compression.onebit import OneBitCompressor
 
         out["onebit"] = OneBitCompressor()
     except ImportError:

@@ -28,7 +28,7 @@ def _bench(rank: int, world_size: int, workload: str, options: dict, rounds: int
     from dtbench_bench_ranks import interleaved, make_loop
     from torch.nn.parallel import DistributedDataParallel
 
-    from harness.data import DataOrder
+    from harness.data.tensors import DataOrder
 
     params = {"batch_size": batch_size, "lr": 0.01, "momentum": 0.9}
     loop = make_loop("ddp", rank, world_size, Path(tempfile.mkdtemp()), workload, params, options)
@@ -66,7 +66,7 @@ def _bench(rank: int, world_size: int, workload: str, options: dict, rounds: int
     def harness() -> None:
         loop.train_one_step()
 
-    from harness.data import Batch
+    from harness.data.tensors import Batch
 
     method_step = 0
 

@@ -25,7 +25,7 @@ def main() -> None:
     from dtbench_bench_ranks import pipeline_against_torch, single_process_baselines
 
     from _dist import spawn
-    from methods.pipeline.bubble import ideal_bubble, step_bubble
+    from harness.trace import ideal_bubble, step_bubble
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)

@@ -191,7 +191,7 @@ def plot_history(rows: pd.DataFrame, commits: Sequence[str]) -> Any:
 
 def png_bytes(fig: Any) -> bytes:
     """A figure as PNG (the report's renderer)."""
-    from harness.report import png_bytes as render
+    from harness.report.figures import png_bytes as render
 
     return render(fig)
 

@@ -1,1 +1,1 @@
-"""dtbench's harness: config, workloads, data, the shared runner, launchers, communication accounting and reports."""
+"""dtbench's harness: the suite spec, the runner, launchers, communication, networks, data, registry and reports."""

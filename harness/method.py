@@ -10,9 +10,9 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.comm import Communicator
-from harness.data import Batch, TensorData
-from harness.workloads import Instance
+from harness.comm.communicator import Communicator
+from harness.data.tensors import Batch, TensorData
+from harness.data.workload import Instance
 
 
 class TrainParams(BaseModel):

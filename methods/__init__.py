@@ -1,1 +1,1 @@
-"""Training methods, one module per method; `methods.registry` maps names to them."""
+"""Training methods, by family (reference, compression, pipeline, local); harness/registry.py names them."""

@@ -60,17 +60,16 @@ def context(method_name: str, rank: int, world_size: int, params: dict | None = 
     import torch
     import torch.distributed as dist
 
-    from harness import workloads
-    from harness.comm import Communicator
+    from harness import registry
+    from harness.comm.communicator import Communicator
     from harness.method import RunContext
-    from methods import registry
 
-    cls = registry.get(method_name)
-    merged = {k: v for k, v in workloads.get(workload).hyperparameters.items() if k in cls.Params.model_fields}
+    cls = registry.METHODS.get(method_name)
+    merged = {k: v for k, v in registry.WORKLOADS.get(workload).hyperparameters.items() if k in cls.Params.model_fields}
     merged.update(params or {})
     group = dist.group.WORLD if dist.is_initialized() else None
     comm = Communicator(rank, world_size, group)
-    instance = workloads.get(workload).instantiate(options)
+    instance = registry.WORKLOADS.get(workload).instantiate(options)
     ctx = RunContext(rank=rank, world_size=world_size, device=torch.device("cpu"), workload=instance,
                      params=cls.Params.model_validate(merged), comm=comm, seed=seed,
                      run_dir=run_dir or Path(tempfile.mkdtemp(prefix="dtbench-test-")), log=lambda kind, **f: None)

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from harness import checkpoint
-from harness.config import expand_suite
-from harness.launch_local import launch
+from harness.launch.local import launch
+from harness.launch.suite import prepare_run_dir, run_specs
 from harness.results import read_jsonl
-from harness.suite import prepare_run_dir, run_specs
+from harness.run import checkpoint
+from harness.suite.expand import expand_suite
 
 STEPS = 600  # long enough (a few seconds) that a stop sent after epoch 2 (88 steps) lands mid-run
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness import cifar10
-from harness.data import Batch, TensorData
+from harness.data import cifar10
+from harness.data.tensors import Batch, TensorData
 
 NUM_TRAIN, NUM_TEST = 20, 10
 
@@ -249,10 +249,10 @@ def test_train_batches_augment_and_test_sets_do_not(tmp_path, fake):
 
 
 def test_the_cifar10_resnet20_workload_builds_from_a_data_root(tmp_path, fake):
-    from harness import workloads
+    from harness import registry
 
     cifar10.write_torchvision_format(tmp_path, *fake)
-    instance = workloads.get("cifar10-resnet20").instantiate(data_root=str(tmp_path))
+    instance = registry.WORKLOADS.get("cifar10-resnet20").instantiate(data_root=str(tmp_path))
     assert len(instance.train) == NUM_TRAIN and len(instance.test) == NUM_TEST
     batch = Batch(step=0, epoch=0.0, indices=torch.arange(4), data=instance.train)
     logits = instance.make_model().eval()(batch.inputs())

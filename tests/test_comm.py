@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from _dist import spawn
-from harness.comm import Communicator, Ledger, ring_all_gather_bytes, ring_all_reduce_bytes
+from harness.comm.communicator import Communicator, Ledger, ring_all_gather_bytes, ring_all_reduce_bytes
 
 
 def test_ring_formulas():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from _dist import context, spawn
-from harness.data import Batch, DataOrder
+from harness.data.tensors import Batch, DataOrder
 from methods.compression.core import Compressed, Compressor, ErrorFeedback
 from methods.compression.packing import from_wire, pack_bits, pack_bits_, to_wire, unpack_bits
 
@@ -139,7 +139,7 @@ def test_summing_payloads_are_all_reduced_in_their_own_dtype():
 
 
 def test_a_summing_compressor_refuses_dense_tensors():
-    from harness.comm import Communicator
+    from harness.comm.communicator import Communicator
     from methods.compression.core import Memory
     from methods.compression.hook import CompressionHook
 

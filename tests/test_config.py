@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.config import SuiteError, expand_suite, make_run_id
+from harness.suite.expand import expand_suite
+from harness.suite.files import FileError
+from harness.suite.spec import make_run_id
 
 GOOD = """
 name = "t"
@@ -70,7 +72,7 @@ BAD = [
 @pytest.mark.parametrize("case,text,expected", BAD, ids=[b[0] for b in BAD])
 def test_bad_suite_gives_one_line_exit_2_and_writes_nothing(tmp_path, capsys, case, text, expected):
     path = write(tmp_path, text)
-    with pytest.raises(SuiteError) as err:
+    with pytest.raises(FileError) as err:
         expand_suite(path)
     assert expected in str(err.value)
     assert str(path) in str(err.value)

@@ -8,26 +8,27 @@ import time
 import pytest
 import torch
 
-from harness import data
-from harness.recorder import MetricsWriter, TrainClock, write_json
-from harness.runner import Plan
+from harness.data import sources, tensors
+from harness.run.clock import TrainClock
+from harness.run.loop import Plan
+from harness.run.records import MetricsWriter, write_json
 
 
 def test_data_order_is_seeded_covers_each_epoch_and_differs_by_epoch():
-    order = DataOrder = data.DataOrder(100, 10, seed=3)
-    again = data.DataOrder(100, 10, seed=3)
+    order = DataOrder = tensors.DataOrder(100, 10, seed=3)
+    again = tensors.DataOrder(100, 10, seed=3)
     assert torch.equal(torch.cat([order.batch(s) for s in range(10)]).sort().values, torch.arange(100))
     assert all(torch.equal(order.batch(s), again.batch(s)) for s in range(25))
     assert not torch.equal(order.batch(0), order.batch(10))  # a new permutation each epoch
-    assert not torch.equal(order.batch(0), data.DataOrder(100, 10, seed=4).batch(0))
-    assert DataOrder.steps_per_epoch == 10 and data.DataOrder(105, 10, 0).steps_per_epoch == 10  # drop last
+    assert not torch.equal(order.batch(0), tensors.DataOrder(100, 10, seed=4).batch(0))
+    assert DataOrder.steps_per_epoch == 10 and tensors.DataOrder(105, 10, 0).steps_per_epoch == 10  # drop last
     with pytest.raises(ValueError, match="larger than the training set"):
-        data.DataOrder(5, 10, 0)
+        tensors.DataOrder(5, 10, 0)
 
 
 def test_shards_partition_the_global_batch():
-    train, _ = data.synthetic(64, 8, 4, 3)
-    batch = data.Batch(0, 0.0, torch.arange(12), train, 0)
+    train, _ = sources.synthetic(64, 8, 4, 3)
+    batch = tensors.Batch(0, 0.0, torch.arange(12), train, 0)
     shards = [batch.shard_indices(r, 3) for r in range(3)]
     assert torch.equal(torch.cat(shards), torch.arange(12))
     x, y = batch.shard(1, 3)
@@ -35,15 +36,15 @@ def test_shards_partition_the_global_batch():
 
 
 def test_digits_split_is_fixed_and_stratified():
-    train, test = data.digits()
+    train, test = sources.digits()
     assert (len(train), len(test)) == (1437, 360)
     assert torch.bincount(test.y).min() >= 35  # every class present in proportion
-    train2, _ = data.digits()
+    train2, _ = sources.digits()
     assert torch.equal(train.x, train2.x)
 
 
 def test_plan_from_budget():
-    from harness.config import Budget
+    from harness.suite.spec import Budget
 
     plan = Plan.from_budget(Budget(max_epochs=2.5, eval_every_epochs=0.5, max_steps=1000), steps_per_epoch=44)
     assert plan.max_steps == 110 and plan.eval_every_steps == 22

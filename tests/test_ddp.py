@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from _dist import context, spawn
-from harness.data import Batch, DataOrder
+from harness.data.tensors import Batch, DataOrder
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from _dist import context, spawn
-from harness.data import Batch, DataOrder
-from methods.dgc import DGCCompressor, DGCMemory, density_at
+from harness.data.tensors import Batch, DataOrder
+from methods.compression.dgc import DGCCompressor, DGCMemory, density_at
 
 
 @pytest.mark.parametrize(("epoch", "expected"), [

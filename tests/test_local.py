@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from _dist import context, spawn
-from harness.data import Batch, DataOrder
-from methods.local_parts import chunk_ranges, make_head
+from harness.data.tensors import Batch, DataOrder
+from methods.local.parts import chunk_ranges, make_head
 
 
 def test_chunk_ranges():

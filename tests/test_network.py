@@ -17,10 +17,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import network, report
-from harness.config import SuiteError, expand_suite, make_run_id
-from harness.netcheck import point_to_point_seconds, ring_all_reduce_seconds
-from harness.network import NetworkSpec, parse_latency, parse_network, parse_rate, requirements_problem
+from harness.net import emulation, namespaces
+from harness.net.check import point_to_point_seconds, ring_all_reduce_seconds
+from harness.net.emulation import requirements_problem
+from harness.net.spec import NetworkSpec, parse_latency, parse_network, parse_rate
+from harness.report import network as report_network
+from harness.suite.expand import expand_suite
+from harness.suite.files import FileError
+from harness.suite.spec import make_run_id
 
 ROOT = Path(__file__).resolve().parent.parent
 IS_ROOT = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
@@ -49,7 +53,7 @@ def write(tmp_path: Path, text: str, name: str = "suite.toml") -> Path:
 def leftovers(pid: int) -> list[str]:
     """Namespaces and root links that the launcher with this pid made and that still exist."""
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    return [n for n in network.list_netns() if n.startswith(f"dtb-{pid}-")] + [
+    return [n for n in namespaces.list_netns() if n.startswith(f"dtb-{pid}-")] + [
         line.split(":")[1].strip() for line in links.splitlines() if f" dtb{pid}n" in line]
 
 
@@ -106,7 +110,7 @@ def test_suite_network_reaches_specs_ids_and_labels(tmp_path):
 
 def test_cli_network_replaces_every_run_network_and_duplicates_are_named(tmp_path):
     per_run = SUITE + 'network = "1gbit"\n[[run]]\nmethod = "ddp"\nworld_size = 2\n'
-    with pytest.raises(SuiteError, match=r"run\[1\]: duplicates run\[0\] .*network"):
+    with pytest.raises(FileError, match=r"run\[1\]: duplicates run\[0\] .*network"):
         expand_suite(write(tmp_path, per_run), network=parse_network("unlimited"))
     spec = expand_suite(write(tmp_path, SUITE), network=parse_network("unlimited"))[0]
     assert spec.run_id == "ddp-digits-mlp-w2-netunlimited-s0"
@@ -127,7 +131,7 @@ def test_run_ids_without_a_network_are_unchanged():
 ])
 def test_bad_network_in_a_suite_names_file_and_field(tmp_path, snippet, field):
     path = write(tmp_path, SUITE.replace("[budget]", snippet + "[budget]"))
-    with pytest.raises(SuiteError) as err:
+    with pytest.raises(FileError) as err:
         expand_suite(path)
     assert str(err.value).startswith(f"{path}: {field}") and "\n" not in str(err.value)
 
@@ -167,7 +171,8 @@ def test_requirements_name_what_is_missing(monkeypatch, tmp_path):
 
 #: Runs the CLI as the unprivileged user nobody: the interpreter starts as root (its files are under /root here) and
 #: imports what the CLI needs, then drops to uid/gid 65534 with no groups (and so no capabilities) before main().
-AS_NOBODY = ("import sys, os, harness.cli, harness.suite, harness.netcheck, harness.workloads, methods.registry\n"
+AS_NOBODY = ("import sys, os, harness.cli, harness.launch.suite, harness.net.check, harness.registry\n"
+             "import harness.suite.expand\n"
              "os.setgroups([]); os.setresgid(65534, 65534, 65534); os.setresuid(65534, 65534, 65534)\n"
              "assert os.geteuid() == 65534\n"
              "sys.exit(harness.cli.main(sys.argv[1:]))")
@@ -207,19 +212,19 @@ def test_report_facets_by_network():
         "samples_per_s": [100.0, 400.0, 2000.0, 1000.0, 800.0, 800.0],
         "time_to_target_s": [20.0, 5.0, 1.0, float("nan"), 2.0, 2.5],
     })
-    assert report.network_order(["unlimited", "1gbit", "", "100mbit,latency=1ms", "100mbit"]) == [
+    assert report_network.network_order(["unlimited", "1gbit", "", "100mbit,latency=1ms", "100mbit"]) == [
         "100mbit,latency=1ms", "100mbit", "1gbit", "unlimited", ""]
-    speedups = report.network_speedup(table)
+    speedups = report_network.network_speedup(table, "ddp x2")
     assert list(speedups["method_label"]) == ["ddp x2"] * 3 + ["qsgd x2"] * 3
     assert list(speedups["network"]) == ["100mbit", "1gbit", "unlimited"] * 2
     qsgd = speedups[speedups["method_label"] == "qsgd x2"].set_index("network")
     assert qsgd["throughput_speedup"].tolist() == [4.0, 1.0, 0.5] and qsgd.loc["100mbit", "time_speedup"] == 4.0
-    assert report.crossover_lines(speedups) == [
+    assert report_network.crossover_lines(speedups) == [
         "qsgd x2: faster at 100mbit; not at 1gbit, unlimited; crossover (interpolated in 1/rate): throughput at "
         "about 1000 Mbit/s"]
-    fig = report.plot_network_crossover(speedups)
+    fig = report_network.plot_network_crossover(speedups, "ddp x2")
     assert [ax.get_xticklabels()[0].get_text() for ax in fig.axes] == ["100mbit"] * 3
-    assert "By network" in report.network_html(speedups)
+    assert "By network" in report_network.network_html(speedups, "ddp x2")
 
 
 def test_crossover_rate_intersects_times_linear_in_one_over_rate():
@@ -229,9 +234,9 @@ def test_crossover_rate_intersects_times_linear_in_one_over_rate():
     def times(fixed, bits):
         return [fixed + bits / r for r in rates]
 
-    assert report.crossover_rate(rates, times(1e-3, 1e6), times(3e-3, 1e5)) == pytest.approx(4.5e8)
-    assert math.isnan(report.crossover_rate(rates, times(1e-3, 1e6), times(1e-3, 1e5)))  # always faster
-    assert math.isnan(report.crossover_rate(rates[:1], times(1e-3, 1e6)[:1], times(3e-3, 1e5)[:1]))
+    assert report_network.crossover_rate(rates, times(1e-3, 1e6), times(3e-3, 1e5)) == pytest.approx(4.5e8)
+    assert math.isnan(report_network.crossover_rate(rates, times(1e-3, 1e6), times(1e-3, 1e5)))  # always faster
+    assert math.isnan(report_network.crossover_rate(rates[:1], times(1e-3, 1e6)[:1], times(3e-3, 1e5)[:1]))
 
 
 # ------------------------------------------------------------------------------------- real namespaces (root)
@@ -245,22 +250,22 @@ def test_stale_namespaces_of_a_dead_launcher_are_swept():
         subprocess.run(["ip", "netns", "add", name], check=True)
     subprocess.run(["ip", "link", "add", f"dtb{dead}n0", "type", "veth", "peer", "name", "uplink", "netns", names[0]],
                    check=True)
-    removed = network.sweep_stale()
+    removed = namespaces.sweep_stale()
     assert set(names) <= set(removed) and not leftovers(dead)
 
 
 @root_only
 @pytest.mark.slow
 def test_all_reduce_of_10mb_at_100mbit_matches_the_ring_model():
-    from harness.netcheck import measure
+    from harness.net.check import measure
 
-    before = network.list_netns()
+    before = namespaces.list_netns()
     checks = measure(parse_network("100mbit"), world_size=2, size_bytes=10 * 2**20, repeats=2)
     all_reduce = checks[1]
     assert all_reduce.model_s == pytest.approx(10 * 2**20 * 8 / 1e8)
     assert all_reduce.within(0.25), f"all_reduce {all_reduce.measured_s:.3f} s vs ring model {all_reduce.model_s:.3f} s"
     assert checks[0].within(0.25)
-    assert network.list_netns() == before and not leftovers(os.getpid())
+    assert namespaces.list_netns() == before and not leftovers(os.getpid())
 
 
 @root_only
@@ -280,7 +285,7 @@ def test_relay_adds_the_latency_between_ranks():
             best = min(best, time.perf_counter() - t)
             s.close()
         print(best)""")
-    with network.emulated_network(parse_network("unlimited,latency=20ms"), 2) as topo:
+    with emulation.emulated_network(parse_network("unlimited,latency=20ms"), 2) as topo:
         done = subprocess.run(["ip", "netns", "exec", topo.ranks[0], sys.executable, "-c",
                                probe.format(addr=topo.rank_addr(1))], capture_output=True, text=True, timeout=60)
         store = subprocess.run(["ip", "netns", "exec", topo.ranks[0], sys.executable, "-c",

@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-from harness.models import mlp
+from harness.data.models import mlp
+from methods.blocks import uniform_split
 from methods.pipeline.partitioner import (
     PartitionPlan,
     pipedream_partition,
     predict,
     straight_partition,
-    uniform_partition,
 )
 from methods.pipeline.profiler import BlockProfile, profile_blocks, profiles_from_dicts, profiles_to_dicts
 
@@ -170,14 +170,14 @@ def test_dp_matches_brute_force(seed):
 
 
 def test_uniform_partition_gives_earlier_stages_the_extra_blocks():
-    assert uniform_partition(5, 2) == [(0, 3), (3, 5)]
-    assert uniform_partition(7, 3) == [(0, 3), (3, 5), (5, 7)]
-    assert uniform_partition(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert uniform_split(5, 2) == [(0, 3), (3, 5)]
+    assert uniform_split(7, 3) == [(0, 3), (3, 5), (5, 7)]
+    assert uniform_split(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
 
 
 def test_predict_scores_a_uniform_split():
     profiles = blocks([3, 1, 1, 1], params=[8, 0, 0, 0])
-    plan = predict(profiles, uniform_partition(4, 2))
+    plan = predict(profiles, uniform_split(4, 2))
     assert [s.compute_s for s in plan.stages] == [pytest.approx(4.0), pytest.approx(2.0)]
     assert plan.slowest_s == pytest.approx(4.0)
     replicated = predict(profiles, [(0, 1), (1, 4)], bandwidth=8.0, replicas=[2, 1])
@@ -204,7 +204,7 @@ def test_plan_to_dict_is_json():
         (lambda: pipedream_partition(blocks([1]), 2, bandwidth=0), "bandwidth"),
         (lambda: straight_partition(blocks([1, 1]), 3), "2 blocks into 3 stages"),
         (lambda: straight_partition(blocks([1, 1]), 0), "into 0 stages"),
-        (lambda: uniform_partition(2, 3), "2 blocks into 3 stages"),
+        (lambda: uniform_split(2, 3), "2 blocks into 3 parts"),
         (lambda: predict(blocks([1, 1]), [(0, 1)]), "ranges end at block 1"),
         (lambda: predict(blocks([1, 1]), [(0, 1), (2, 2)]), "stage 1"),
         (lambda: predict(blocks([1, 1]), [(0, 2)], replicas=[1, 1]), "2 replica counts for 1 stages"),

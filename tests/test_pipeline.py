@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from _dist import context, spawn
-from harness.data import Batch, DataOrder
-from harness.training import evaluate_classifier
+from harness.data.tensors import Batch, DataOrder
+from harness.run.training import evaluate_classifier
 
 
 def _make(name, rank=0, world_size=1, params=None, records=None):
@@ -97,7 +97,7 @@ def test_evaluation_through_the_pipeline_equals_the_whole_model():
 
 
 def test_bad_configurations_are_refused():
-    from methods.gpipe import GPipe
+    from methods.pipeline.gpipe import GPipe
 
     params = GPipe.Params(stages=3, microbatches=4)
     assert "one stage per rank" in GPipe.check_world_size(2, params)

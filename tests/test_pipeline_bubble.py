@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from _dist import context, spawn
-from harness.data import Batch, DataOrder
-from methods.pipeline.bubble import ideal_bubble, step_bubble
+from harness.data.tensors import Batch, DataOrder
+from harness.trace import ideal_bubble, parse_events, step_bubble
 
 # A cheap 64 -> 1024 input layer, four 2048 x 2048 layers and a small head: blocks [0, 3) and [3, 6) are balanced
 # stages (the input layer, whose backward computes no input gradient, costs almost nothing; so does the head).
@@ -32,7 +32,8 @@ def test_step_bubble_of_an_ideal_gpipe_timeline():
     s0 = [("forward", 0, 0, 1, 0), ("forward", 1, 1, 2, 0), ("backward", 0, 5, 7, 0), ("backward", 1, 7, 9, 0)]
     s1 = [("recv_act", 0, 0, 1, -1), ("forward", 0, 1, 2, 0), ("forward", 1, 2, 3, 0), ("backward", 0, 3, 5, 0),
           ("backward", 1, 5, 7, 0)]
-    assert step_bubble([s0, s1]) == pytest.approx(1 - 6 / 9) == pytest.approx(ideal_bubble(2, 2))
+    bubble = step_bubble([parse_events(s0), parse_events(s1)])
+    assert bubble == pytest.approx(1 - 6 / 9) == pytest.approx(ideal_bubble(2, 2))
 
 
 @pytest.mark.slow

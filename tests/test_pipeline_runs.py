@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import report
-from harness.report_pipeline import measured_bubble, traced_steps
+from harness.report import figures, pipeline
+from harness.report.pipeline import measured_bubble, traced_steps
 from harness.results import RunResult, metrics_frame, read_jsonl
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
@@ -55,8 +55,8 @@ def test_bubble_and_steps_from_trace_records():
     assert measured_bubble(run) == pytest.approx(1 / 3)  # (S-1)/(M+S-1) with S = M = 2
     assert math.isnan(measured_bubble(_run("gpipe", 2, [s0])))  # a step missing a stage is not measured
     assert math.isnan(measured_bubble(_run("gpipe", 1, [s0, s1], world_size=1)))  # virtual: no overlap to measure
-    figures = report.gantt_figures([run])
-    assert list(figures) == ["gantt_gpipe.png"] and report.png_bytes(figures["gantt_gpipe.png"])[:4] == b"\x89PNG"
+    gantts = pipeline.gantt_figures([run])
+    assert list(gantts) == ["gantt_gpipe.png"] and figures.png_bytes(gantts["gantt_gpipe.png"])[:4] == b"\x89PNG"
 
 
 @pytest.mark.slow

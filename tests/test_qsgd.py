@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from methods.qsgd import QSGDCompressor, QSGDParams, elias_gamma_bits
+from methods.compression.qsgd import QSGDCompressor, QSGDParams, elias_gamma_bits
 
 
 def roundtrip(c: QSGDCompressor, g: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Tests of harness/report.py on fake but realistic suite folders: summary, curves, plots, HTML page."""
+"""Tests of harness/report/ on fake but realistic suite folders: summary, curves, plots, HTML page."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness import report
+from harness.report import build, figures, tables
 from harness.results import load_suite
 
 TARGET = 0.9
@@ -97,8 +97,8 @@ def load(suite_dir: Path):
 
 
 def test_summary_columns_and_values(suite: Path) -> None:
-    table = report.summary(load(suite)).set_index("run_id", drop=False)
-    assert list(table.columns) == [*report.SUMMARY_COLUMNS, "label", "family", "steps", "epochs", "network",
+    table = tables.summary(load(suite)).set_index("run_id", drop=False)
+    assert list(table.columns) == [*tables.SUMMARY_COLUMNS, "label", "family", "steps", "epochs", "network",
                                    "samples_per_s", "bubble"]
     assert list(table.columns[:13]) == [
         "suite", "run_id", "method", "workload", "world_size", "seed", "state", "final_accuracy",
@@ -127,7 +127,7 @@ def test_summary_row_for_run_without_metrics_or_status(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "s", "sgd", "sgd x1", 0, "running", [(1.0, 0.5)])
     (run_dir / "metrics.jsonl").unlink()
     (run_dir / "status.json").unlink()
-    row = report.summary(load_suite(tmp_path / "s")).iloc[0]
+    row = tables.summary(load_suite(tmp_path / "s")).iloc[0]
     assert (row.run_id, row.state, row.total_bytes) == ("sgd-digits-mlp-w2-s0", "unknown", 0)
     for column in ("final_accuracy", "time_to_target_s", "train_time_s", "bytes_per_sample"):
         assert math.isnan(row[column]), column
@@ -138,7 +138,7 @@ def test_summary_without_target_has_no_time_to_target(tmp_path: Path) -> None:
     spec = json.loads((run_dir / "spec.json").read_text())
     spec["budget"]["target_accuracy"] = None
     (run_dir / "spec.json").write_text(json.dumps(spec))
-    assert math.isnan(report.summary(load_suite(tmp_path / "s")).iloc[0]["time_to_target_s"])
+    assert math.isnan(tables.summary(load_suite(tmp_path / "s")).iloc[0]["time_to_target_s"])
 
 
 def test_label_falls_back_to_method(tmp_path: Path) -> None:
@@ -146,12 +146,12 @@ def test_label_falls_back_to_method(tmp_path: Path) -> None:
     spec = json.loads((run_dir / "spec.json").read_text())
     del spec["label"]
     (run_dir / "spec.json").write_text(json.dumps(spec))
-    assert report.summary(load_suite(tmp_path / "s")).iloc[0]["label"] == "ddp"
+    assert tables.summary(load_suite(tmp_path / "s")).iloc[0]["label"] == "ddp"
 
 
 def test_curves_share_one_grid_per_label(suite: Path) -> None:
     runs = [run for run in load(suite) if run.state == "completed"]
-    table = report.curves(runs, x="train_time_s", grid_points=50)
+    table = tables.curves(runs, x="train_time_s", grid_points=50)
     assert list(table.columns) == ["label", "seed", "run_id", "x", "test_accuracy"]
     assert len(table) == 4 * 50
     for label, final in ((DDP, 3.6), (QSGD, 2.0)):  # the smallest final eval time among the label's seeds
@@ -172,7 +172,7 @@ def test_curves_without_step0_eval_start_where_every_seed_has_values(tmp_path: P
               first_eval=False)
     write_run(tmp_path / "s", "sgd", "sgd x1", 1, "completed", [(5.0, 0.6), (6.0, 0.8)], steps=20,
               first_eval=False)  # does not overlap seed 0: NaN before its first evaluation, no extrapolation
-    table = report.curves(load_suite(tmp_path / "s"), grid_points=11)
+    table = tables.curves(load_suite(tmp_path / "s"), grid_points=11)
     ddp = table[table["label"] == DDP]
     np.testing.assert_allclose(ddp["x"].iloc[:11], np.linspace(1.5, 2.0, 11))
     assert ddp["test_accuracy"].notna().all()
@@ -183,15 +183,15 @@ def test_curves_without_step0_eval_start_where_every_seed_has_values(tmp_path: P
 
 def test_curves_by_epoch_and_bad_axis(suite: Path) -> None:
     runs = [run for run in load(suite) if run.state == "completed"]
-    table = report.curves(runs, x="epoch", grid_points=5)
+    table = tables.curves(runs, x="epoch", grid_points=5)
     assert table["x"].max() == pytest.approx(4.0)
     assert table[table["run_id"] == "ddp-digits-mlp-w2-s0"]["test_accuracy"].iloc[-1] == pytest.approx(0.94)
     with pytest.raises(ValueError, match="x must be one of"):
-        report.curves(runs, x="wall_time_s")
+        tables.curves(runs, x="wall_time_s")
 
 
 def test_aggregate_mean_and_ci(suite: Path) -> None:
-    aggregates = report.aggregate(report.summary(load(suite))).set_index("label")
+    aggregates = tables.aggregate(tables.summary(load(suite))).set_index("label")
     ddp = aggregates.loc[DDP]
     assert (ddp.runs, ddp.completed, ddp.used) == (3, 2, 2)  # the failed run is counted but not averaged
     assert ddp.final_accuracy_mean == pytest.approx((0.94 + 0.95) / 2)
@@ -201,28 +201,28 @@ def test_aggregate_mean_and_ci(suite: Path) -> None:
 
 
 def test_time_to_target_plot_names_labels_that_never_reached(suite: Path) -> None:
-    table = report.summary(load(suite))
+    table = tables.summary(load(suite))
     table.loc[table["label"] == QSGD, "time_to_target_s"] = np.nan
-    fig = report.plot_time_to_target(table, TARGET)
+    fig = figures.plot_time_to_target(table, TARGET)
     ax = fig.axes[0]
     assert "never reached by: " + QSGD in ax.get_title()
     assert [t.get_text() for t in ax.get_xticklabels()] == [f"{DDP}\n(2/3 reached)", f"{QSGD}\n(0/3 reached)"]
 
     table["time_to_target_s"] = np.nan
-    texts = [t.get_text() for t in report.plot_time_to_target(table, TARGET).axes[0].texts]
+    texts = [t.get_text() for t in figures.plot_time_to_target(table, TARGET).axes[0].texts]
     assert texts == ["No run reached the target accuracy 0.9"]
 
 
 def test_bytes_plot_uses_log_scale_only_for_wide_spans(suite: Path) -> None:
-    table = report.summary(load(suite))
-    assert report.plot_bytes_per_sample(table).axes[0].get_yscale() == "linear"  # 39 vs 3.9 bytes/sample
+    table = tables.summary(load(suite))
+    assert figures.plot_bytes_per_sample(table).axes[0].get_yscale() == "linear"  # 39 vs 3.9 bytes/sample
     table.loc[table["label"] == QSGD, "bytes_per_sample"] /= 100
-    assert report.plot_bytes_per_sample(table).axes[0].get_yscale() == "log"
+    assert figures.plot_bytes_per_sample(table).axes[0].get_yscale() == "log"
 
 
 def test_write_report_files_and_self_contained_html(suite: Path) -> None:
     with pytest.warns(UserWarning, match="skipped a corrupt line"):
-        index = report.write_report(suite)
+        index = build.write_report(suite)
     out = suite / "report"
     assert index == out / "index.html"
     for name in ("index.html", "summary.csv", "accuracy_vs_time.png", "accuracy_vs_epoch.png",
@@ -233,7 +233,7 @@ def test_write_report_files_and_self_contained_html(suite: Path) -> None:
 
     with (out / "summary.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0])[:13] == list(report.SUMMARY_COLUMNS) and len(rows) == 6
+    assert list(rows[0])[:13] == list(tables.SUMMARY_COLUMNS) and len(rows) == 6
     never = next(row for row in rows if row["run_id"] == "qsgd-digits-mlp-w2-s1")
     assert never["time_to_target_s"] == ""  # empty when never reached
 
@@ -256,7 +256,7 @@ def test_write_report_files_and_self_contained_html(suite: Path) -> None:
 def test_write_report_to_another_folder_with_no_completed_run(tmp_path: Path) -> None:
     suite = tmp_path / "s"
     write_run(suite, "ddp", DDP, 0, "failed", [(1.0, 0.5)], error={"message": SIGKILL, "rank": 1})
-    index = report.write_report(suite, tmp_path / "elsewhere")
+    index = build.write_report(suite, tmp_path / "elsewhere")
     assert index == tmp_path / "elsewhere" / "index.html" and index.exists()
     assert not (suite / "report").exists()
     assert (tmp_path / "elsewhere" / "summary.csv").exists()
@@ -266,12 +266,33 @@ def test_write_report_to_another_folder_with_no_completed_run(tmp_path: Path) ->
 def test_report_on_empty_folder_raises(tmp_path: Path) -> None:
     (tmp_path / "empty" / "not-a-run").mkdir(parents=True)
     with pytest.raises(ValueError, match=r"empty: no runs found \(no \*/spec.json\)"):
-        report.write_report(tmp_path / "empty")
+        build.write_report(tmp_path / "empty")
 
 
 def test_plots_have_titles_and_axis_labels(suite: Path) -> None:
     runs = [run for run in load(suite) if run.state == "completed"]
-    ax = report.plot_accuracy(report.curves(runs), "train time (s)", TARGET).axes[0]
+    ax = figures.plot_accuracy(tables.curves(runs), "train time (s)", TARGET).axes[0]
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("train time (s)", "test accuracy")
     assert ax.get_title() and len(ax.get_lines()) >= 2
-    assert report.plot_accuracy(pd.DataFrame(columns=list(report.CURVE_COLUMNS)), "epoch").axes[0].texts
+    assert figures.plot_accuracy(pd.DataFrame(columns=list(tables.CURVE_COLUMNS)), "epoch").axes[0].texts
+
+
+def test_the_baseline_is_ddp_by_default_named_on_the_page_and_chosen_by_label(suite: Path, tmp_path: Path) -> None:
+    table = tables.summary(load(suite))
+    assert build.choose_baseline(table) == (DDP, "default: the first ddp label")
+    assert build.choose_baseline(table, QSGD) == (QSGD, "--baseline")
+    assert build.choose_baseline(table[table["method"] == "qsgd"]) == (QSGD, "default: no ddp run, so the first "
+                                                                             "run's label")
+    with pytest.raises(ValueError, match=r"--baseline 'sgd x1': no run has that label \(labels: ddp x2, qsgd"):
+        build.choose_baseline(table, "sgd x1")
+    with pytest.warns(UserWarning, match="skipped a corrupt line"):
+        page = build.write_report(suite, baseline=QSGD).read_text()
+    assert f"Baseline for comparisons: <b>{QSGD}</b> (--baseline)." in page
+
+
+def test_report_cli_with_an_unknown_baseline_exits_2_and_writes_nothing(suite: Path, capsys) -> None:
+    from harness.cli import main
+
+    with pytest.warns(UserWarning, match="skipped a corrupt line"):
+        assert main(["report", str(suite), "--baseline", "nope"]) == 2
+    assert "no run has that label" in capsys.readouterr().err and not (suite / "report").exists()

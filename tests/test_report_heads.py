@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness import report
+from harness.report import build, local
 from harness.results import load_suite
 
 
@@ -31,15 +31,15 @@ def test_head_accuracies_take_the_last_eval_and_the_plot_appears(tmp_path):
     _run(tmp_path, "local-s0", 0, [0.8, 0.9])
     _run(tmp_path, "local-s1", 1, [0.7, 0.95])
     _run(tmp_path, "ddp-s0", 0, None)
-    heads = report.head_accuracies(load_suite(tmp_path))
+    heads = local.head_accuracies(load_suite(tmp_path))
     assert sorted(heads["run_id"].unique()) == ["local-s0", "local-s1"]  # runs without heads add no rows
     assert heads[heads.run_id == "local-s1"].sort_values("chunk")["head_accuracy"].tolist() == [0.7, 0.95]
-    report.write_report(tmp_path)
+    build.write_report(tmp_path)
     assert (tmp_path / "report" / "head_accuracy.png").exists()
     assert "head_accuracy.png" in (tmp_path / "report" / "index.html").read_text()
 
 
 def test_no_heads_no_plot(tmp_path):
     _run(tmp_path, "ddp-s0", 0, None)
-    report.write_report(tmp_path)
+    build.write_report(tmp_path)
     assert not (tmp_path / "report" / "head_accuracy.png").exists()

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness import resnet
+from harness.data import resnet
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import checkpoint
-from harness.config import expand_suite
-from harness.launch_local import launch
-from harness.launch_slurm import job_class
+from harness.launch.local import launch
+from harness.launch.sites import Commands
+from harness.launch.slurm import job_class
+from harness.launch.suite import prepare_run_dir
 from harness.results import read_jsonl
-from harness.sites import Commands
-from harness.suite import prepare_run_dir
+from harness.run import checkpoint
+from harness.suite.expand import expand_suite
 
 pytestmark = pytest.mark.slurm
 

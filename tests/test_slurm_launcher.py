@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.config import SuiteError, expand_suite
-from harness.jobs import combine, parse_sacct, suite_states
-from harness.launch_slurm import SiteExecutor, executor_parameters
-from harness.sites import load_site
-from harness.suite import submit_specs
+from harness.launch.jobs import combine, parse_sacct, suite_states
+from harness.launch.sites import load_site
+from harness.launch.slurm import SiteExecutor, executor_parameters
+from harness.launch.suite import submit_specs
+from harness.suite.expand import expand_suite
+from harness.suite.files import FileError
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden" / "sbatch_tianhe_array.sh"
@@ -78,10 +79,10 @@ def test_the_array_batch_script_matches_the_golden_file(suite_file):
 def test_site_files_are_validated_with_one_line_naming_the_field(tmp_path):
     bad = tmp_path / "site.toml"
     bad.write_text('partition = "x"\n[commands]\nsbtach = "yhbatch"\n')
-    with pytest.raises(SuiteError, match=r"site.toml: commands.sbtach: unknown key"):
+    with pytest.raises(FileError, match=r"site.toml: commands.sbtach: unknown key"):
         load_site(bad)
     bad.write_text("time_min = 0\n")
-    with pytest.raises(SuiteError, match=r"site.toml: time_min: "):
+    with pytest.raises(FileError, match=r"site.toml: time_min: "):
         load_site(bad)
     assert load_site(ROOT / "sites" / "local.toml").partition == "debug"
 
@@ -99,7 +100,7 @@ def test_a_bad_site_or_nodes_flag_exits_2_and_writes_nothing(tmp_path, suite_fil
 def test_nodes_must_divide_the_world_size(tmp_path):
     path = tmp_path / "s.toml"
     path.write_text(SUITE.replace("nodes = 2", "nodes = 3"))
-    with pytest.raises(SuiteError, match=r"s.toml: nodes: world_size 4 of run\[0\] is not divisible by 3 nodes"):
+    with pytest.raises(FileError, match=r"s.toml: nodes: world_size 4 of run\[0\] is not divisible by 3 nodes"):
         expand_suite(path)
 
 

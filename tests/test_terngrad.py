@@ -9,9 +9,9 @@ import torch
 
 from _compress import gradient_patterns, layout
 from _dist import context, spawn
-from harness.data import Batch, DataOrder
+from harness.data.tensors import Batch, DataOrder
 from methods.compression.packing import unpack_bits
-from methods.terngrad import TernGradCompressor
+from methods.compression.terngrad import TernGradCompressor
 
 
 def _round_trip(compressor: TernGradCompressor, grad: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -94,7 +94,7 @@ def test_payload_size_depends_only_on_numel(n):
 def _shared_scalers(rank: int, world_size: int, share: bool):
     import torch.distributed as dist
 
-    from harness.comm import Communicator
+    from harness.comm.communicator import Communicator
 
     torch.manual_seed(10 + rank)
     # layer a is larger on rank 0, layer b on rank 1, so the max comes from a different rank per layer

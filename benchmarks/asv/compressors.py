@@ -21,19 +21,19 @@ COPY = "copy"
 def _make(name: str):
     """A fresh compressor by benchmark name (imports are lazy: nothing of dtbench loads at discovery)."""
     if name == "qsgd-4bit":
-        from methods.qsgd import QSGDCompressor
+        from methods.compression.qsgd import QSGDCompressor
 
         return QSGDCompressor(4, 512)  # QSGD's defaults at 4 bits: bucket d = 512
     if name == "terngrad":
-        from methods.terngrad import TernGradCompressor
+        from methods.compression.terngrad import TernGradCompressor
 
         return TernGradCompressor()
     if name == "dgc-0.1%":
-        from methods.dgc import DGCCompressor
+        from methods.compression.dgc import DGCCompressor
 
         return DGCCompressor(density=0.001)
     if name == "onebit":
-        from methods.onebit import OneBitCompressor
+        from methods.compression.onebit import OneBitCompressor
 
         return OneBitCompressor()
     raise ValueError(f"unknown compressor {name!r}; known: {COMPRESSORS}")

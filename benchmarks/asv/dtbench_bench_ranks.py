@@ -49,14 +49,15 @@ def make_loop(method_name: str, rank: int, world_size: int, folder: Path, worklo
     import torch
 
     from _dist import context
-    from harness import workloads
-    from harness.config import Budget, RunSpec
-    from harness.recorder import MetricsWriter, TrainClock
-    from harness.runner import Loop
+    from harness import registry
+    from harness.run.clock import TrainClock
+    from harness.run.loop import Loop
+    from harness.run.records import MetricsWriter
+    from harness.suite.spec import Budget, RunSpec
 
     cls, ctx = context(method_name, rank, world_size, params or PARAMS, workload=workload, run_dir=folder)
     if options:
-        ctx.workload = workloads.get(workload).instantiate(options)
+        ctx.workload = registry.WORKLOADS.get(workload).instantiate(options)
         torch.manual_seed(0)
     method = cls(ctx)
     spec = RunSpec(suite="bench", run_id="bench", label=method_name, method=method_name, family=cls.family,
@@ -78,7 +79,7 @@ def ddp_against_torch(rank: int, world_size: int, rounds: int, steps: int) -> di
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from harness.data import DataOrder
+    from harness.data.tensors import DataOrder
 
     with tempfile.TemporaryDirectory() as folder:
         loop = make_loop("ddp", rank, world_size, Path(folder))
@@ -115,9 +116,9 @@ def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, 
     from torch import nn
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    from harness.comm import Communicator
+    from harness.comm.communicator import Communicator
     from methods.pipeline import schedule as schedules
-    from methods.pipeline.executor import Micro, ProcessExecutor
+    from methods.pipeline.executor import Microbatches, ProcessExecutor
     from methods.pipeline.stage import Stage
     from methods.pipeline.versions import Live
 
@@ -138,7 +139,7 @@ def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, 
     ours_opt = torch.optim.SGD(ours_module.parameters(), lr=1e-4)
     stage = Stage(rank, world_size, ours_module, ours_opt, Live(ours_module), nn.functional.cross_entropy)
     executor = ProcessExecutor(stage, comm, list(range(world_size)), [(width,)] * world_size)
-    micro = Micro(sizes={m: mb for m in range(microbatches)})
+    micro = Microbatches(sizes={m: mb for m in range(microbatches)})
     if rank == 0:
         micro.inputs = dict(enumerate(torch.split(x, mb)))
     if last:

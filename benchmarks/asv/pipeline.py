@@ -32,7 +32,7 @@ class VirtualStep:
 
     def setup(self) -> None:
         from _dist import context
-        from harness.data import Batch, DataOrder
+        from harness.data.tensors import Batch, DataOrder
 
         torch.set_num_threads(1)
         cls, ctx = context("gpipe", 0, 1, {"stages": 4, "microbatches": 8, "batch_size": 128},
@@ -57,7 +57,7 @@ class VersusTorchPipelining:
         from dtbench_bench_ranks import pipeline_against_torch
 
         from _dist import spawn
-        from methods.pipeline.bubble import step_bubble
+        from harness.trace import step_bubble
 
         ranks = spawn(pipeline_against_torch, 2, PEER_ROUNDS, PEER_STEPS, *PEER_SIZES.values(), timeout=540)
         per_round = {name: [max(v) for v in zip(*(r[name] for r in ranks), strict=True)]

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from harness.comm import Communicator
+from harness.comm.communicator import Communicator
 
 
 @dataclass

@@ -3,32 +3,13 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
 
 import torch
 
-from harness.comm import Communicator
+from harness.comm.communicator import Communicator
 from methods.compression.core import Compressed, Compressor, Memory
 from methods.compression.packing import from_wire, to_wire
-
-
-@dataclass
-class CompressionStats:
-    """Per-step counters of one rank (summed over the step's buckets)."""
-
-    compress_s: float = 0.0
-    communicate_s: float = 0.0
-    decompress_s: float = 0.0
-    dense_bytes: int = 0  # what fp32 gradients of the same tensors would be
-    payload_bytes: int = 0  # what this rank handed to the collective
-
-    def pop(self) -> dict[str, float]:
-        """The counters as a train-record dict (with the compression ratio), reset to zero."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["compression_ratio"] = self.dense_bytes / self.payload_bytes if self.payload_bytes else float("nan")
-        for f in fields(self):
-            setattr(self, f.name, type(getattr(self, f.name))())
-        return out
+from methods.compression.stats import CompressionStats
 
 
 class CompressionHook:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 from pydantic import Field
 
-from harness.data import Batch
+from harness.data.tensors import Batch
 from harness.method import StepStats, TrainParams
 from methods.compression.core import Compressor, Memory
 from methods.compression.hook import CompressionHook
-from methods.ddp import DDP
+from methods.reference.ddp import DDP
 
 
 class CompressionParams(TrainParams):
@@ -29,18 +30,19 @@ class CompressedDDP(DDP):
     family = "data-parallel-compressed"
     Params = CompressionParams
 
+    @abc.abstractmethod
     def make_compressor(self) -> Compressor:
-        raise NotImplementedError
+        """The compressor of this method (called once, when the hook is installed)."""
 
     def make_memory(self) -> Memory:
         return Memory()
 
     def dense_names(self) -> set[str]:
         """Parameters sent as plain fp32: by default those under min_compress_numel elements."""
-        return {n for n, p in self.model.module.named_parameters() if p.numel() < self.ctx.params.min_compress_numel}
+        return {n for n, p in self.network.named_parameters() if p.numel() < self.ctx.params.min_compress_numel}
 
     def register_hook(self) -> None:
-        names = {p: n for n, p in self.model.module.named_parameters()}
+        names = {p: n for n, p in self.network.named_parameters()}
         self.compressor = self.make_compressor()
         self.memory = self.make_memory()
         self.hook = CompressionHook(self.ctx.comm, self.compressor, self.memory, names, self.dense_names())

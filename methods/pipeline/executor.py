@@ -9,17 +9,18 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from harness.comm import Communicator
-from methods.pipeline.bubble import COMPUTE_OPS
+from harness.comm.communicator import Communicator
+from harness.comm.tags import Tag
+from harness.trace import TraceEvent
 from methods.pipeline.schedule import Action, Interleaver, Op, Schedule
 from methods.pipeline.stage import Stage
 
-TAG_ACT, TAG_GRAD = 31, 32
 CATEGORY = {"act": "activations", "grad": "activation_grads"}
+TAG = {"act": Tag.ACTIVATIONS, "grad": Tag.ACTIVATION_GRADS}
 
 
 @dataclass
-class Micro:
+class Microbatches:
     """What one stage needs of the microbatches of a step: their sizes, the inputs (first stage), the labels and loss
     scales (last stage). Keyed by the schedule's microbatch ids."""
 
@@ -31,25 +32,15 @@ class Micro:
 
 @dataclass
 class Trace:
-    """Measured start and end (time.perf_counter, comparable across processes of one host) of every action a stage
-    ran, with the weight version its forward or backward used (-1 for the others)."""
+    """Every action a stage ran, measured (harness/trace.py: op, microbatch, start, end, weight version)."""
 
-    events: list[tuple[str, int, float, float, int]] = field(default_factory=list)
+    events: list[TraceEvent] = field(default_factory=list)
 
     def add(self, action: Action, start: float, end: float, version: int = -1) -> None:
-        self.events.append((action.op.value, -1 if action.mb is None else action.mb, start, end, version))
-
-    def busy_s(self) -> float:
-        return sum(e - s for op, _, s, e, _ in self.events if op in COMPUTE_OPS)
-
-    def wait_s(self) -> float:
-        return sum(e - s for op, _, s, e, _ in self.events if op in ("recv_act", "recv_grad"))
-
-    def span_s(self) -> float:
-        return self.events[-1][3] - self.events[0][2] if self.events else 0.0
+        self.events.append(TraceEvent(action.op.value, -1 if action.mb is None else action.mb, start, end, version))
 
 
-def run_action(stage: Stage, action: Action, micro: Micro, inbox: dict, outbox: dict) -> int:
+def run_action(stage: Stage, action: Action, micro: Microbatches, inbox: dict, outbox: dict) -> int:
     """Do the compute part of `action` on `stage`. Received tensors are in inbox[(kind, mb)]; tensors to send are left
     in outbox[(kind, mb)]. Returns the weight version a forward or backward used (-1 otherwise)."""
     op, mb = action.op, action.mb
@@ -93,20 +84,19 @@ class ProcessExecutor:
         self._keep: list[torch.Tensor] = []  # send buffers stay alive until their send completes
         self._older_keep: list[torch.Tensor] = []
 
-    def _shape(self, kind: str, mb: int, micro: Micro) -> tuple[int, ...]:
+    def _shape(self, kind: str, mb: int, micro: Microbatches) -> tuple[int, ...]:
         s = self.stage.index
         per_sample = self.shapes[s] if kind == "act" else self.shapes[s + 1]
         return (micro.sizes[mb], *per_sample)
 
-    def run(self, actions: Sequence[Action], micro: Micro) -> Trace:
+    def run(self, actions: Sequence[Action], micro: Microbatches) -> Trace:
         s = self.stage.index
         posted: dict[tuple[str, int], tuple[torch.Tensor, dist.Work]] = {}
         for a in actions:
             if a.op in (Op.RECV_ACT, Op.RECV_GRAD):
                 kind, peer = _peer(s, a.op)
                 buf = torch.empty(self._shape(kind, a.mb, micro), dtype=self.dtype)
-                tag = TAG_ACT if kind == "act" else TAG_GRAD
-                posted[(kind, a.mb)] = (buf, self.comm.irecv(buf, self.ranks[peer], CATEGORY[kind], tag))
+                posted[(kind, a.mb)] = (buf, self.comm.irecv(buf, self.ranks[peer], CATEGORY[kind], TAG[kind]))
         inbox: dict = {}
         outbox: dict = {}
         trace = Trace()
@@ -122,8 +112,7 @@ class ProcessExecutor:
             elif a.op in (Op.SEND_ACT, Op.SEND_GRAD):
                 kind, peer = _peer(s, a.op)
                 tensor = outbox.pop((kind, a.mb)).detach().contiguous()
-                tag = TAG_ACT if kind == "act" else TAG_GRAD
-                self._sends.append(self.comm.isend(tensor, self.ranks[peer], CATEGORY[kind], tag))
+                self._sends.append(self.comm.isend(tensor, self.ranks[peer], CATEGORY[kind], TAG[kind]))
                 self._keep.append(tensor)
             else:
                 version = run_action(self.stage, a, micro, inbox, outbox)
@@ -157,11 +146,11 @@ class VirtualExecutor:
         self._mail: dict[tuple[str, int, int], torch.Tensor] = {}  # (kind, dst stage, mb) -> tensor
         self._boxes = [({}, {}) for _ in self.stages]  # per stage: (inbox, outbox)
 
-    def run(self, schedule: Schedule, micros: Sequence[Micro]) -> list[Trace]:
+    def run(self, schedule: Schedule, micros: Sequence[Microbatches]) -> list[Trace]:
         traces = [Trace() for _ in self.stages]
         clock = time.perf_counter
 
-        def do(s: int, a: Action) -> None:
+        def execute(s: int, a: Action) -> None:
             start = clock()
             inbox, outbox = self._boxes[s]
             version = -1
@@ -175,5 +164,5 @@ class VirtualExecutor:
                 version = run_action(self.stages[s], a, micros[s], inbox, outbox)
             traces[s].add(a, start, clock(), version)
 
-        self.interleaver.advance(schedule, do)
+        self.interleaver.advance(schedule, execute)
         return traces

@@ -9,8 +9,8 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from harness.data import Batch
-from harness.method import StepStats
+from harness.data.tensors import Batch
+from harness.method import RunContext, StepStats
 from methods.pipeline.method import PipelineMethod, PipelineParams
 from methods.pipeline.schedule import Schedule
 from methods.pipeline.versions import Live, WeightPolicy
@@ -37,15 +37,17 @@ class FlushedPipeline(PipelineMethod):
     def make_policy(self, stage: int, stages: int, module: nn.Module) -> WeightPolicy:
         return Live(module)
 
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx)
+        self.schedule = type(self).make_schedule(self.num_stages, ctx.params.microbatches)
+
     def microbatch_size(self) -> int:
         return max(1, self.ctx.params.batch_size // self.ctx.params.microbatches)
 
     def train_step(self, batch: Batch) -> StepStats:
         m = self.ctx.params.microbatches
-        if not hasattr(self, "_schedule"):
-            self._schedule = type(self).make_schedule(self.S, m)
         splits = list(torch.tensor_split(batch.indices, m))
-        return self.run(self._schedule, self.micros(batch, splits, list(range(m))), batch.step)
+        return self.run(self.schedule, self.microbatches(batch, splits, list(range(m))), batch.step)
 
     # A flushed pipeline holds nothing in flight between steps: its state is each stage's weights and optimizer.
     def state_dict(self) -> dict[str, Any]:

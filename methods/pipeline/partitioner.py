@@ -14,7 +14,7 @@ _TIE_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
-class Stage:
+class StagePlan:
     """Blocks [start, end) on `replicas` data-parallel workers, with the terms of PipeDream's cost model.
 
     compute_s: sum of forward + backward time of the blocks (the paper's sum of T_l).
@@ -42,7 +42,7 @@ class Stage:
 class PartitionPlan:
     """A pipeline of stages covering all blocks in order; slowest_s is its predicted time per minibatch."""
 
-    stages: tuple[Stage, ...]
+    stages: tuple[StagePlan, ...]
     bandwidth: float
     slowest_s: float
 
@@ -150,19 +150,6 @@ def straight_partition(profiles: Sequence[BlockProfile], stages: int, bandwidth:
     return predict(profiles, [(s, e) for s, e, _ in found[1]], bandwidth)
 
 
-def uniform_partition(n_blocks: int, stages: int) -> list[tuple[int, int]]:
-    """`stages` contiguous [start, end) ranges of sizes as equal as possible; earlier stages take the extra blocks."""
-    if not 1 <= stages <= n_blocks:
-        raise ValueError(f"cannot cut {n_blocks} blocks into {stages} stages (need 1 <= stages <= blocks)")
-    base, extra = divmod(n_blocks, stages)
-    ranges, start = [], 0
-    for index in range(stages):
-        end = start + base + (1 if index < extra else 0)
-        ranges.append((start, end))
-        start = end
-    return ranges
-
-
 def predict(
     profiles: Sequence[BlockProfile],
     ranges: Sequence[tuple[int, int]],
@@ -197,7 +184,7 @@ def predict(
         compute_s = math.fsum(p.compute_s for p in profiles[start:end])
         param_bytes = sum(p.param_bytes for p in profiles[start:end])
         stages.append(
-            Stage(
+            StagePlan(
                 start=start,
                 end=end,
                 replicas=count,

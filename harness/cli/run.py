@@ -1,0 +1,136 @@
+"""`dtbench run` and `dtbench rerun`: a suite's runs (local or on SLURM), or one run again from its folder."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness.cli.common import EPILOG, NETWORK_HELP, fail, finish, network_arg, network_problem
+
+
+def add(verbs) -> None:
+    run = verbs.add_parser(
+        "run", help="run every run of a suite file",
+        description="Run every run of SUITE (a TOML suite file, see docs/suites.md), once per seed. Results go to "
+                    "OUT/<suite name>/<run id>/ (spec.json, manifest.json, metrics.jsonl, status.json, logs/). "
+                    "A failed or diverged run is reported and the suite goes on.",
+        epilog=EPILOG)
+    run.add_argument("suite", type=Path, help="the suite file, e.g. suites/smoke.toml")
+    run.add_argument("--out", type=Path, default=Path("results"), help="results folder (default: results)")
+    run.add_argument("--launcher", choices=["local", "slurm"], default="local",
+                     help="where ranks run: local = one process per rank on this machine (default); slurm = submit "
+                          "every run as a task of a SLURM job array through submitit and return at once "
+                          "(see docs/slurm.md)")
+    run.add_argument("--site", type=Path, metavar="SITE.toml",
+                     help="slurm: the site profile (partition, account, limits, setup lines, command names such "
+                          "as Tianhe's yhbatch/yhrun), e.g. sites/tianhe.toml")
+    run.add_argument("--nodes", type=int, metavar="N",
+                     help="slurm: nodes per run for every run (world_size / N tasks on each); overrides the suite")
+    run.add_argument("--only", metavar="GLOB", help="run only the runs whose run id matches this shell pattern")
+    run.add_argument("--resume", action="store_true",
+                     help="skip runs whose status.json says completed; continue the others from their "
+                          "checkpoint.pt where they have one, else rerun them from the start")
+    run.add_argument("--dry-run", action="store_true", help="validate and list the runs; write nothing")
+    run.add_argument("--quiet", action="store_true", help="no progress bars (the per-run lines still print)")
+    run.add_argument("--network", metavar="SPEC", type=network_arg,
+                     help=NETWORK_HELP + ". Replaces the suite's [network] and every run's network (run ids and "
+                                         "labels then carry it).")
+    run.set_defaults(handler=run_suite)
+
+    rerun = verbs.add_parser(
+        "rerun", help="run one run again from its run folder alone",
+        description="Read RUN_DIR/spec.json (written by every run) and run exactly that spec again into "
+                    "OUT/<suite>/<run id>/. No suite file is needed.", epilog=EPILOG)
+    rerun.add_argument("run_dir", type=Path, help="a run folder holding spec.json")
+    rerun.add_argument("--out", type=Path, default=Path("results/rerun"),
+                       help="results folder for the rerun (default: results/rerun)")
+    rerun.add_argument("--quiet", action="store_true", help="no progress bar")
+    rerun.set_defaults(handler=rerun_one)
+
+
+def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
+    from harness.suite.expand import expand_suite
+    from harness.suite.files import FileError
+
+    try:
+        specs = expand_suite(args.suite, args.only, args.network)
+    except FileError as exc:
+        return fail(str(exc))
+    if not specs:
+        return fail(f"{args.suite}: no run id matches --only {args.only!r}")
+    if args.launcher == "slurm":
+        return _submit(args, specs, argv)
+    if args.site or args.nodes:
+        return fail("--site and --nodes are for --launcher slurm")
+    if args.dry_run:
+        for spec in specs:
+            print(f"{spec.run_id}\t{spec.method}\t{spec.workload}\tworld_size={spec.world_size}\tseed={spec.seed}")
+        print(f"{len(specs)} runs; nothing written (--dry-run).")
+        return 0
+    problem = network_problem(specs)
+    if problem:
+        return fail(problem)
+    from harness.launch.suite import run_specs
+
+    print(f"suite {specs[0].suite}: {len(specs)} runs -> {args.out / specs[0].suite}")
+    outcomes = run_specs(specs, args.out, resume=args.resume, argv=["dtbench", *argv], suite_file=args.suite,
+                         show_progress=not args.quiet)
+    return finish(outcomes)
+
+
+def _submit(args: argparse.Namespace, specs, argv: list[str]) -> int:
+    from harness.launch.sites import load_site
+    from harness.suite.files import FileError
+
+    try:
+        site = load_site(args.site)
+    except FileError as exc:
+        return fail(str(exc))
+    emulated = [s.run_id for s in specs if s.network is not None]
+    if emulated:
+        return fail(f"{emulated[0]}: network emulation runs with the local launcher only (a cluster has its own "
+                     "network); drop --network and [network] for --launcher slurm")
+    if args.nodes is not None:
+        bad = [s.run_id for s in specs if args.nodes < 1 or s.world_size % args.nodes]
+        if bad:
+            return fail(f"--nodes {args.nodes}: does not divide the world size of {bad[0]}")
+        specs = [s.model_copy(update={"nodes": args.nodes}) for s in specs]
+    if args.dry_run:
+        for spec in specs:
+            print(f"{spec.run_id}\tnodes={spec.nodes}\ttasks_per_node={spec.world_size // spec.nodes}")
+        print(f"{len(specs)} runs; nothing submitted (--dry-run).")
+        return 0
+    from harness.launch.suite import submit_specs
+
+    try:
+        submitted = submit_specs(specs, args.out, site, resume=args.resume, argv=["dtbench", *argv],
+                                 suite_file=args.suite)
+    except RuntimeError as exc:
+        return fail(str(exc))
+    suite_dir = args.out / specs[0].suite
+    for item in submitted:
+        print(f"{item.spec.run_id}\tjob {item.job_id}")
+    print(f"{len(submitted)} runs submitted to SLURM (site {site.name}). Follow them with: dtbench status {suite_dir}"
+          f"; block until done with: dtbench wait {suite_dir}")
+    return 0
+
+
+def rerun_one(args: argparse.Namespace, argv: list[str]) -> int:
+    from pydantic import ValidationError
+
+    from harness.suite.spec import RunSpec
+
+    path = args.run_dir / "spec.json"
+    try:
+        spec = RunSpec.model_validate_json(path.read_text())
+    except OSError as exc:
+        return fail(f"{path}: cannot read: {exc.strerror or exc}")
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        return fail(f"{path}: {'.'.join(map(str, e['loc'])) or '<top level>'}: {e['msg']}")
+    problem = network_problem([spec])
+    if problem:
+        return fail(problem)
+    from harness.launch.suite import run_specs
+
+    return finish(run_specs([spec], args.out, argv=["dtbench", *argv], show_progress=not args.quiet))

@@ -1,0 +1,90 @@
+"""A bounded forward channel between two ranks: activations and their sample ids flow on, credits flow back."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from harness.comm.communicator import Communicator
+from harness.comm.tags import Tag
+
+
+@dataclass
+class ChannelStats:
+    """Producer-side counters: seconds blocked on a full queue, and the most messages ever in flight."""
+
+    wait_s: float = 0.0
+    max_in_flight: int = 0
+
+
+class Sender:
+    """The producer end. `send(tensor, ids)` returns at once unless `depth` messages are already in flight (sent but
+    not yet taken by the consumer); then it blocks until the consumer's credit for the oldest arrives. Credits are
+    one int64 per message (category `control`); tensors and ids count as `activations`."""
+
+    def __init__(self, comm: Communicator, dst: int, depth: int):
+        if depth < 1:
+            raise ValueError(f"queue depth must be at least 1, got {depth}")
+        self.comm, self.dst, self.depth = comm, dst, depth
+        self.sent = 0
+        self._pending: deque[tuple[torch.Tensor, torch.Tensor, torch.Tensor, list]] = deque()
+        self.stats = ChannelStats()
+
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def send(self, tensor: torch.Tensor, ids: torch.Tensor) -> None:
+        while len(self._pending) >= self.depth:
+            start = time.perf_counter()
+            self._retire_oldest()
+            self.stats.wait_s += time.perf_counter() - start
+        tensor, ids = tensor.detach().contiguous(), ids.contiguous()
+        credit = torch.empty(1, dtype=torch.int64)
+        works = [self.comm.isend(tensor, self.dst, "activations", Tag.CHANNEL_DATA),
+                 self.comm.isend(ids, self.dst, "activations", Tag.CHANNEL_IDS),
+                 self.comm.irecv(credit, self.dst, "control", Tag.CHANNEL_CREDIT)]
+        self._pending.append((tensor, ids, credit, works))  # buffers stay alive until the credit is back
+        self.sent += 1
+        self.stats.max_in_flight = max(self.stats.max_in_flight, len(self._pending))
+
+    def _retire_oldest(self) -> None:
+        _, _, credit, works = self._pending.popleft()
+        for work in works:
+            work.wait()
+        expected = self.sent - len(self._pending) - 1
+        if int(credit) != expected:
+            raise RuntimeError(f"rank {self.comm.rank}: credit {int(credit)} for message {expected}: the channel to "
+                               f"rank {self.dst} is out of order")
+
+    def drain(self) -> None:
+        """Wait until the consumer has taken every message sent."""
+        while self._pending:
+            self._retire_oldest()
+
+
+class Receiver:
+    """The consumer end: `recv()` blocks for the next message and returns (tensor, ids), then sends its credit."""
+
+    def __init__(self, comm: Communicator, src: int, shape: tuple[int, ...], dtype: torch.dtype = torch.float32):
+        self.comm, self.src, self.shape, self.dtype = comm, src, shape, dtype
+        self.received = 0
+        self._credits: deque[tuple[torch.Tensor, object]] = deque()
+
+    def recv(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tensor = torch.empty((batch, *self.shape), dtype=self.dtype)
+        ids = torch.empty(batch, dtype=torch.int64)
+        self.comm.recv(tensor, self.src, "activations", Tag.CHANNEL_DATA)
+        self.comm.recv(ids, self.src, "activations", Tag.CHANNEL_IDS)
+        credit = torch.tensor([self.received], dtype=torch.int64)
+        self._credits.append((credit, self.comm.isend(credit, self.src, "control", Tag.CHANNEL_CREDIT)))
+        self.received += 1
+        while len(self._credits) > 8 and self._credits[0][1].is_completed():
+            self._credits.popleft()
+        return tensor, ids
+
+    def drain(self) -> None:
+        while self._credits:
+            self._credits.popleft()[1].wait()

@@ -1,0 +1,70 @@
+"""The built-in workloads: digits (the embedded default), a synthetic MLP of any size, and CIFAR-10 with ResNet-20."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.data import models, sources
+from harness.data.workload import Instance, NoOptions, Workload
+from harness.suite.spec import Budget
+
+
+class SyntheticOptions(BaseModel):
+    """Sizes of the synthetic-mlp workload."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    in_features: int = Field(default=256, ge=1)
+    hidden: int = Field(default=512, ge=1)
+    depth: int = Field(default=4, ge=0)
+    classes: int = Field(default=10, ge=2)
+    num_train: int = Field(default=8192, ge=1)
+    num_test: int = Field(default=2048, ge=1)
+
+
+def _digits_mlp(options: NoOptions, data_root: str | None) -> Instance:
+    train, test = sources.digits()
+    return Instance(train, test, lambda: models.mlp(64, 128, 2, 10))
+
+
+def _digits_cnn(options: NoOptions, data_root: str | None) -> Instance:
+    train, test = sources.digits()
+    return Instance(train, test, lambda: models.digits_cnn(10))
+
+
+def _synthetic_mlp(options: SyntheticOptions, data_root: str | None) -> Instance:
+    o = options
+    train, test = sources.synthetic(o.num_train, o.num_test, o.in_features, o.classes)
+    return Instance(train, test, lambda: models.mlp(o.in_features, o.hidden, o.depth, o.classes), classes=o.classes)
+
+
+def _cifar10_resnet20(options: NoOptions, data_root: str | None) -> Instance:
+    from harness.data import cifar10, resnet
+
+    train, test = cifar10.load(data_root)
+    return Instance(train, test, resnet.resnet20)
+
+
+_DIGITS_BUDGET = Budget(max_epochs=10, eval_every_epochs=1, target_accuracy=0.95)
+
+DIGITS_MLP = Workload(
+    "digits-mlp", "sklearn digits (8x8, 10 classes)", "MLP 64-128-128-10",
+    "the embedded default: 1437 train / 360 test images, CPU seconds per run",
+    _digits_mlp, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9})
+DIGITS_CNN = Workload(
+    "digits-cnn", "sklearn digits (8x8, 10 classes)", "CNN conv16-conv32-fc64-10", "digits with a small CNN",
+    _digits_cnn, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9})
+SYNTHETIC_MLP = Workload(
+    "synthetic-mlp", "synthetic Gaussian, teacher-labelled", "MLP (sizes as options)",
+    "random data of any size, for performance work", _synthetic_mlp,
+    Budget(max_epochs=5, eval_every_epochs=1, target_accuracy=0.8),
+    {"batch_size": 128, "lr": 0.05, "momentum": 0.9}, SyntheticOptions)
+CIFAR10_RESNET20 = Workload(
+    "cifar10-resnet20", "CIFAR-10 (local files)", "ResNet-20 (He et al. 2016, 0.27M params)",
+    "the standard CIFAR study; needs the dataset on disk (see docs/data.md)", _cifar10_resnet20,
+    Budget(max_epochs=160, eval_every_epochs=1, target_accuracy=0.91),
+    {"batch_size": 128, "lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4})
+
+#: Built-in workload names -> attributes of this module (harness/registry.py imports them by reference).
+BUILTIN: dict[str, str] = {"digits-mlp": "DIGITS_MLP", "digits-cnn": "DIGITS_CNN", "synthetic-mlp": "SYNTHETIC_MLP",
+                           "cifar10-resnet20": "CIFAR10_RESNET20"}

@@ -1,0 +1,149 @@
+"""The local launcher: one process per rank on this machine, watched, and torn down when any rank dies."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.launch.failures import describe_failure, error_time
+from harness.launch.progress import MetricsTail
+from harness.net import emulation
+from harness.net.namespaces import NetworkError, enter
+from harness.run.checkpoint import STOP
+from harness.run.records import write_status
+from harness.run.worker import Rendezvous, run_rank
+from harness.suite.spec import RunSpec
+
+POLL_S = 0.1
+TERM_GRACE_S = 3.0
+
+
+@dataclass
+class LaunchResult:
+    state: str
+    error: dict | None
+    seconds: float
+
+
+def _entry(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, argv: list[str], resume: bool,
+           netns: str | None = None, network_info: dict | None = None) -> None:
+    if netns is not None:  # first thing: no socket or thread may exist before the rank is in its namespace
+        enter(netns)
+        os.environ["GLOO_SOCKET_IFNAME"] = emulation.IFNAME
+    # SIGUSR2 on any rank (from a batch system, or a person) stops the run after a checkpoint: state preempted,
+    # and `dtbench run --resume` goes on from there.
+    STOP.install(stop_on=(signal.SIGUSR2,))
+    code = run_rank(spec_json, rank, rdzv, run_dir, "local", True, argv, resume=resume, network=network_info)
+    # Leave without the interpreter's teardown: every file is written and closed and the process group destroyed,
+    # and a C++ thread torn down late at exit has aborted a finished rank ("terminate called without an active
+    # exception", seen once in a CI smoke run), which the launcher would then report as a failed run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _terminate(procs: list[multiprocessing.process.BaseProcess]) -> None:
+    """SIGTERM every live rank, then SIGKILL whatever is left after a short grace period."""
+    for p in procs:
+        if p.exitcode is None:
+            p.terminate()
+    deadline = time.monotonic() + TERM_GRACE_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.exitcode is None:
+            p.kill()
+            p.join(5.0)
+
+
+def launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None] | None = None,
+           argv: list[str] | None = None, resume: bool = False) -> LaunchResult:
+    """Run `spec` with world_size local processes. Returns once every rank has ended.
+
+    With `resume`, the ranks continue from run_dir/checkpoint.pt (see worker.run_rank).
+
+    The launcher hosts the rendezvous store (on a free port it picked itself), so ranks never race for a port. If a
+    rank exits with an error or is killed, the remaining ranks are torn down at once and the run is marked failed,
+    naming that rank. Ctrl-C tears everything down too.
+
+    With spec.network, every rank runs in its own network namespace on an emulated network (harness/net/emulation.py),
+    built before the ranks start and removed after they have all ended, whatever happened.
+    """
+    start = time.monotonic()
+    if spec.network is None:
+        return _launch(spec, run_dir, progress, argv, None, start, resume)
+    try:
+        with emulation.emulated_network(spec.network, spec.world_size) as topology:
+            return _launch(spec, run_dir, progress, argv, topology, start, resume)
+    except NetworkError as exc:
+        error = {"message": str(exc), "rank": None}
+        write_status(run_dir, "failed", error=error)
+        return LaunchResult("failed", error, time.monotonic() - start)
+
+
+def _launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None] | None, argv: list[str] | None,
+            topology: emulation.Topology | None, start: float, resume: bool = False) -> LaunchResult:
+    import torch.distributed as dist
+
+    # On an emulated network the store listens on every address, so the namespaces reach it at the root's address.
+    host = "127.0.0.1" if topology is None else "0.0.0.0"
+    store = dist.TCPStore(host, 0, spec.world_size, is_master=True, wait_for_workers=False)
+    rdzv = Rendezvous("127.0.0.1" if topology is None else topology.store_addr, store.port, store_is_external=True)
+    ctx = multiprocessing.get_context("spawn")
+    spec_json = spec.model_dump_json()
+    argv = list(argv if argv is not None else sys.argv)
+    info = topology.describe() if topology is not None else None
+    procs = [ctx.Process(target=_entry, name=f"rank{r}",
+                         args=(spec_json, r, rdzv, str(run_dir), argv, resume, topology and topology.ranks[r], info))
+             for r in range(spec.world_size)]
+    for p in procs:
+        p.start()
+    write_status(run_dir, "running", pids={str(r): p.pid for r, p in enumerate(procs)})
+    tail = MetricsTail(run_dir / "metrics.jsonl")
+    failure: dict | None = None
+    try:
+        while True:
+            ended = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode is not None]
+            bad = [(r, code) for r, code in ended if code != 0]
+            if bad:
+                # The first rank to fail is the cause; peers that fail afterwards do so because it died.
+                failure = describe_failure(*min(bad, key=lambda rc: (error_time(run_dir, rc[0]), rc[0])), run_dir)
+                _terminate(procs)
+                break
+            if len(ended) == len(procs):
+                break
+            if progress is not None:
+                tail.poll()
+                progress(tail)
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        _terminate(procs)
+        write_status(run_dir, "failed", error={"message": "interrupted (Ctrl-C)", "rank": None})
+        raise
+    finally:
+        del store
+    if progress is not None:
+        tail.poll()
+        progress(tail)
+    if failure is not None:
+        write_status(run_dir, "failed", error=failure)
+        return LaunchResult("failed", failure, time.monotonic() - start)
+    status = _read_state(run_dir)
+    return LaunchResult(status.get("state", "failed"), status.get("error"), time.monotonic() - start)
+
+
+def _read_state(run_dir: Path) -> dict:
+    try:
+        status = json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return {"state": "failed", "error": {"message": "no status.json was written", "rank": 0}}
+    if status.get("state") == "running":
+        return {"state": "failed", "error": {"message": "ranks exited without finishing the run", "rank": 0}}
+    return status

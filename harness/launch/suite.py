@@ -1,0 +1,119 @@
+"""Running a whole suite: run folders, --resume (skip finished runs, continue from checkpoints), progress, and the
+closing summary."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from harness.launch.local import LaunchResult, launch
+from harness.launch.progress import RunBar
+from harness.run.checkpoint import CHECKPOINT_FILE
+from harness.run.records import write_json
+from harness.suite.spec import RunSpec
+
+
+@dataclass
+class RunOutcome:
+    spec: RunSpec
+    state: str
+    error: dict | None
+    seconds: float
+
+
+def prepare_run_dir(spec: RunSpec, out: Path) -> Path:
+    """A clean folder for the run holding its spec.json (an earlier attempt's files are removed)."""
+    run_dir = out / spec.suite / spec.run_id
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    write_json(run_dir / "spec.json", spec.model_dump(mode="json"))
+    return run_dir
+
+
+def is_completed(run_dir: Path) -> bool:
+    try:
+        return json.loads((run_dir / "status.json").read_text()).get("state") == "completed"
+    except (OSError, ValueError):
+        return False
+
+
+def resumable(run_dir: Path, spec: RunSpec) -> bool:
+    """Whether an earlier attempt of `spec` left a checkpoint in `run_dir` to continue from."""
+    try:
+        same = RunSpec.model_validate_json((run_dir / "spec.json").read_text()) == spec
+    except (OSError, ValueError):
+        return False
+    return same and (run_dir / CHECKPOINT_FILE).exists()
+
+
+def run_specs(specs: list[RunSpec], out: Path, resume: bool = False, argv: list[str] | None = None,
+              suite_file: Path | None = None, show_progress: bool = True) -> list[RunOutcome]:
+    """Run every spec in order with the local launcher. A failed run is reported and the suite goes on.
+
+    With `resume`, completed runs are skipped, runs with a checkpoint of the same spec continue from it, and the
+    others start over.
+    """
+    outcomes: list[RunOutcome] = []
+    if suite_file is not None and specs:
+        (out / specs[0].suite).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(suite_file, out / specs[0].suite / "suite.toml")
+    for i, spec in enumerate(specs, 1):
+        run_dir = out / spec.suite / spec.run_id
+        if resume and is_completed(run_dir):
+            tqdm.write(f"[{i}/{len(specs)}] {spec.run_id}: completed earlier, skipped (--resume)")
+            outcomes.append(RunOutcome(spec, "completed", None, 0.0))
+            continue
+        go_on = resume and resumable(run_dir, spec)
+        if go_on:
+            tqdm.write(f"[{i}/{len(specs)}] {spec.run_id}: resuming from its {CHECKPOINT_FILE} (--resume)")
+        else:
+            run_dir = prepare_run_dir(spec, out)
+        result = _launch_with_progress(spec, run_dir, f"[{i}/{len(specs)}] {spec.run_id}", argv, show_progress,
+                                      go_on)
+        line = f"[{i}/{len(specs)}] {spec.run_id}: {result.state} in {result.seconds:.1f} s"
+        if result.error:
+            line += f" ({result.error.get('message')})"
+        tqdm.write(line)
+        outcomes.append(RunOutcome(spec, result.state, result.error, result.seconds))
+    return outcomes
+
+
+def _launch_with_progress(spec: RunSpec, run_dir: Path, desc: str, argv: list[str] | None, show: bool,
+                          resume: bool = False) -> LaunchResult:
+    """Launch with a progress bar (epochs done, last accuracy) on an interactive terminal; none in logs."""
+    bar = RunBar(spec.budget.max_epochs, desc, show)
+    try:
+        return launch(spec, run_dir, bar.update, argv, resume)
+    finally:
+        bar.close()
+
+
+def submit_specs(specs: list[RunSpec], out: Path, site, resume: bool = False, argv: list[str] | None = None,
+                 suite_file: Path | None = None) -> list:
+    """Prepare the run folders (as run_specs does, --resume included) and submit the runs to SLURM at once.
+
+    Returns launch_slurm.Submitted items; completed runs skipped by --resume are not submitted.
+    """
+    from harness.launch.slurm import submit
+
+    suite_dir = out / specs[0].suite
+    suite_dir.mkdir(parents=True, exist_ok=True)
+    if suite_file is not None:
+        shutil.copyfile(suite_file, suite_dir / "suite.toml")
+    runs = []
+    for spec in specs:
+        run_dir = suite_dir / spec.run_id
+        if resume and is_completed(run_dir):
+            print(f"{spec.run_id}: completed earlier, skipped (--resume)")
+            continue
+        if resume and resumable(run_dir, spec):
+            print(f"{spec.run_id}: resumes from its {CHECKPOINT_FILE} (--resume)")
+        else:
+            run_dir = prepare_run_dir(spec, out)
+        runs.append((spec, run_dir))
+    return submit(runs, suite_dir, site, list(argv or [])) if runs else []

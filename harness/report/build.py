@@ -1,0 +1,97 @@
+"""Writing a suite's report folder: summary.csv, the PNG plots and index.html, from the run folders alone."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from harness.report import figures, local, network, page, pipeline, tables
+from harness.results import load_suite
+
+#: The method whose label is the default baseline, when the suite has runs of it.
+DEFAULT_BASELINE_METHOD = "ddp"
+
+
+def choose_baseline(table: pd.DataFrame, requested: str | None = None) -> tuple[str, str]:
+    """summary (runs x columns) -> (baseline label, how it was chosen).
+
+    The baseline is a label without its ' @ <network>' suffix (so it names the same method at every network).
+    `requested` must be such a label, or a full label; None picks the first ddp label when the suite has one, else
+    the first run's label. Raises ValueError (one line listing the labels) for a label no run has.
+    """
+    names = [network.method_label(str(label), str(net)) for label, net in
+             zip(table["label"], table["network"].fillna(""), strict=True)]
+    known = list(dict.fromkeys(names))
+    if requested is not None:
+        if requested in known:
+            return requested, "--baseline"
+        full = dict(zip(table["label"].astype(str), names, strict=True))
+        if requested in full:
+            return full[requested], "--baseline"
+        raise ValueError(f"--baseline {requested!r}: no run has that label (labels: {', '.join(known)})")
+    for name, method in zip(names, table["method"], strict=True):
+        if method == DEFAULT_BASELINE_METHOD:
+            return name, f"default: the first {DEFAULT_BASELINE_METHOD} label"
+    return known[0], f"default: no {DEFAULT_BASELINE_METHOD} run, so the first run's label"
+
+
+def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, baseline: str | None = None) -> Path:
+    """Write summary.csv, the PNG plots and index.html for a suite folder; return the path of index.html.
+
+    Plots: accuracy against train time and epochs, time to target, bytes per sample, (when some run has
+    auxiliary heads) per-chunk head accuracy, a Gantt chart of a traced step per pipeline label, and (when the runs
+    span more than one network) throughput, time to target and speed-up over the baseline against the link rate,
+    with a 'By network' section on the page. `baseline` is the label comparisons are made against (choose_baseline);
+    the page names the one it used.
+
+    out_dir defaults to suite_dir/report. Aggregates, curves and bar plots use the completed runs (every run
+    when none completed); the summary table lists every run. Raises ValueError when the folder holds no run or the
+    baseline names no label.
+    """
+    suite_dir = Path(suite_dir)
+    runs = load_suite(suite_dir)
+    if not runs:
+        raise ValueError(f"{suite_dir}: no runs found (no */spec.json)")
+    table = tables.summary(runs)
+    baseline_label, chosen = choose_baseline(table, baseline)
+    out_dir = Path(out_dir) if out_dir is not None else suite_dir / "report"
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    table.to_csv(out_dir / "summary.csv", index=False)
+    completed = [run for run in runs if run.state == "completed"]
+    used = completed or runs
+    scope = (f"Aggregates and plots use the {len(completed)} completed runs." if completed
+             else "No run completed: aggregates and plots use every run.")
+    used_table = table[table["state"] == "completed"] if completed else table
+    target = tables.common_target(runs)
+    plots = {
+        "accuracy_vs_time.png": figures.plot_accuracy(tables.curves(used, "train_time_s"),
+                                                      tables.X_AXES["train_time_s"], target),
+        "accuracy_vs_epoch.png": figures.plot_accuracy(tables.curves(used, "epoch"), tables.X_AXES["epoch"], target),
+        "time_to_target.png": figures.plot_time_to_target(used_table, target),
+        "bytes_per_sample.png": figures.plot_bytes_per_sample(used_table),
+    }
+    heads = local.head_accuracies(used)
+    if not heads.empty:
+        plots["head_accuracy.png"] = local.plot_head_accuracy(heads)
+    plots.update(pipeline.gantt_figures(used))
+    sections = []
+    if used_table["network"].nunique() > 1:
+        speedups = network.network_speedup(used_table, baseline_label)
+        speedups.to_csv(out_dir / "network_speedup.csv", index=False)
+        plots["network_crossover.png"] = network.plot_network_crossover(speedups, baseline_label)
+        sections.append(network.network_html(speedups, baseline_label))
+    images = {}
+    for name, fig in plots.items():
+        images[name] = figures.png_bytes(fig)
+        (out_dir / name).write_bytes(images[name])
+
+    suite = str(runs[0].spec.get("suite") or suite_dir.name)
+    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    html = page.render_html(suite, generated, table, tables.aggregate(table, ("completed",) if completed else None),
+                            tables.failures(runs), images, scope, sections, (baseline_label, chosen))
+    index = out_dir / "index.html"
+    index.write_text(html, encoding="utf-8")
+    return index

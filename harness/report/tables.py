@@ -1,0 +1,209 @@
+"""Tables over a suite's runs: one summary row per run, aggregates per label over seeds, curves, and failures."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.report import stats
+from harness.report.pipeline import measured_bubble
+from harness.results import RunResult
+
+#: The summary.csv contract, in order (docs/results.md); EXTRA_COLUMNS follow.
+SUMMARY_COLUMNS = (
+    "suite", "run_id", "method", "workload", "world_size", "seed", "state", "final_accuracy", "best_accuracy",
+    "time_to_target_s", "train_time_s", "total_bytes", "bytes_per_sample",
+)  # fmt: skip
+EXTRA_COLUMNS = ("label", "family", "steps", "epochs", "network", "samples_per_s", "bubble")
+CURVE_COLUMNS = ("label", "seed", "run_id", "x", "test_accuracy")
+#: Summary columns that the per-label aggregate averages over seeds, with their display names.
+AGGREGATED = {
+    "final_accuracy": "final accuracy",
+    "time_to_target_s": "time to target (s)",
+    "train_time_s": "train time (s)",
+    "bytes_per_sample": "bytes / sample",
+}
+X_AXES = {"train_time_s": "train time (s)", "epoch": "epoch"}
+#: The record kinds the report reads (docs/results.md); records of other kinds are ignored.
+KNOWN_KINDS = ("train", "eval", "comm")
+
+
+def numeric(frame: pd.DataFrame, column: str) -> pd.Series:
+    """frame[column] as floats (NaN where missing or not a number); all NaN when the column is absent."""
+    if column not in frame.columns:
+        return pd.Series(np.nan, index=frame.index, dtype=float)
+    return pd.to_numeric(frame[column], errors="coerce").astype(float)
+
+def lowest_rank(records: pd.DataFrame) -> pd.DataFrame:
+    """The records of the lowest rank present (rank 0 in a healthy run); all of them when none has a rank."""
+    ranks = numeric(records, "rank")
+    return records[ranks == ranks.min()] if ranks.notna().any() else records
+
+def eval_records(metrics: pd.DataFrame) -> pd.DataFrame:
+    """metrics (records x fields) -> the `eval` records of the lowest rank that wrote any (rank 0)."""
+    return lowest_rank(metrics[metrics["kind"] == "eval"])
+
+def last_value(values: pd.Series) -> float:
+    """The last non-NaN value, or NaN."""
+    values = values.dropna()
+    return float(values.iloc[-1]) if len(values) else math.nan
+
+def run_summary(run: RunResult) -> dict[str, Any]:
+    """One run -> one summary row (a dict keyed by SUMMARY_COLUMNS + EXTRA_COLUMNS); see `summary`."""
+    spec, metrics = run.spec, run.metrics
+    evals = eval_records(metrics)
+    accuracy = numeric(evals, "test_accuracy")
+    target = (spec.get("budget") or {}).get("target_accuracy")
+    time_to_target = math.nan
+    if target is not None and (accuracy >= target).any():
+        time_to_target = float(numeric(evals, "train_time_s")[accuracy >= target].iloc[0])
+
+    rank0 = lowest_rank(metrics[metrics["kind"].isin(KNOWN_KINDS)])
+    train = metrics[metrics["kind"] == "train"]
+    sent = numeric(train, "bytes_sent")
+    has_bytes = sent.notna() & numeric(train, "rank").notna()
+    total_bytes = int(round(sent[has_bytes].groupby(numeric(train, "rank")[has_bytes]).last().sum()))
+    samples = last_value(numeric(lowest_rank(train), "samples"))
+    train_time = float(numeric(rank0, "train_time_s").max())
+    return {
+        "suite": spec.get("suite"),
+        "run_id": spec.get("run_id") or run.run_dir.name,
+        "method": spec.get("method"),
+        "workload": spec.get("workload"),
+        "world_size": spec.get("world_size"),
+        "seed": spec.get("seed"),
+        "state": run.state,
+        "final_accuracy": last_value(accuracy),
+        "best_accuracy": float(accuracy.max()) if accuracy.notna().any() else math.nan,
+        "time_to_target_s": time_to_target,
+        "train_time_s": train_time,
+        "total_bytes": total_bytes,
+        "bytes_per_sample": total_bytes / samples if samples > 0 else math.nan,
+        "label": run.label,
+        "family": spec.get("family"),
+        "steps": numeric(rank0, "step").max(),
+        "epochs": float(numeric(rank0, "epoch").max()),
+        "network": network_text(spec),
+        "samples_per_s": samples / train_time if samples > 0 and train_time > 0 else math.nan,
+        "bubble": measured_bubble(run),
+    }
+
+def network_text(spec: dict[str, Any]) -> str:
+    """A spec's emulated network in the --network form ('100mbit,latency=1ms'); '' for none (loopback)."""
+    network = spec.get("network")
+    if not isinstance(network, dict):
+        return ""
+    return str(network.get("rate") or "unlimited") + (f",latency={network['latency']}" if network.get("latency")
+                                                      else "")
+
+def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
+    """runs -> DataFrame (runs x SUMMARY_COLUMNS + EXTRA_COLUMNS), one row per run in the given order.
+
+    - final_accuracy / best_accuracy: test_accuracy of the last `eval` record / the best one (NaN if none).
+    - time_to_target_s: train_time_s of the first eval record with test_accuracy >=
+      spec["budget"]["target_accuracy"]; NaN (an empty cell in summary.csv) if never reached or no target.
+    - train_time_s: the largest train_time_s of rank 0's records of KNOWN_KINDS (other kinds are ignored).
+    - total_bytes: sum over ranks of the bytes_sent of each rank's last train record that has one (else 0).
+    - bytes_per_sample: total_bytes / the (global) samples of rank 0's last train record; NaN if 0 or missing.
+    - state: status.json's state, "unknown" when it is missing.
+    - steps / epochs: the largest step / epoch of rank 0's records of KNOWN_KINDS.
+    - network: the emulated network in the --network form ('100mbit', 'unlimited,latency=1ms'); empty for none.
+    - samples_per_s: throughput, rank 0's last global samples / train_time_s (NaN when either is 0 or missing).
+    - bubble: a multi-process pipeline run's measured idle share, from its `trace` records (NaN for others).
+    A run without metrics still gets a row (NaN metrics, 0 bytes).
+    """
+    table = pd.DataFrame([run_summary(run) for run in runs], columns=[*SUMMARY_COLUMNS, *EXTRA_COLUMNS])
+    table["total_bytes"] = table["total_bytes"].astype("int64")
+    table["steps"] = table["steps"].astype("Float64").round().astype("Int64")
+    return table
+
+def aggregate(table: pd.DataFrame, states: Sequence[str] | None = ("completed",)) -> pd.DataFrame:
+    """summary (runs x columns) -> DataFrame (labels x columns), labels in order of first appearance.
+
+    Columns: label, runs (all the label's runs), completed, used (runs whose state is in `states`, or all runs
+    when states is None: only these enter the statistics), then for each AGGREGATED metric m: m_mean, m_ci95
+    (95% Student-t half-width over seeds) and m_n (used runs with a finite value; for time_to_target_s, those
+    that reached the target).
+    """
+    rows = []
+    for label in pd.unique(table["label"]):
+        group = table[table["label"] == label]
+        used = group if states is None else group[group["state"].isin(states)]
+        row: dict[str, Any] = {
+            "label": label,
+            "runs": len(group),
+            "completed": int((group["state"] == "completed").sum()),
+            "used": len(used),
+        }
+        for metric in AGGREGATED:
+            row[f"{metric}_mean"], row[f"{metric}_ci95"], row[f"{metric}_n"] = stats.mean_ci95(used[metric])
+        rows.append(row)
+    columns = ["label", "runs", "completed", "used"]
+    columns += [f"{m}_{s}" for m in AGGREGATED for s in ("mean", "ci95", "n")]
+    return pd.DataFrame(rows, columns=columns)
+
+def curves(runs: Sequence[RunResult], x: str = "train_time_s", grid_points: int = 100) -> pd.DataFrame:
+    """runs -> DataFrame (runs·grid_points x CURVE_COLUMNS): each run's test accuracy on its label's grid.
+
+    Each run's rank-0 eval records (test_accuracy against `x`: "train_time_s" or "epoch") are interpolated
+    with np.interp onto one grid per label: grid_points evenly spaced values from 0 to the *smallest* final x
+    among that label's runs, so that every seed covers the whole grid and seaborn aggregates the same seeds at
+    identical x (longer seeds are cut there). The runner evaluates before the first step, so every run starts
+    at x = 0; for runs that do not, the grid starts at the latest first evaluation among the label's runs
+    instead, and where they do not overlap at all a run is NaN before its first evaluation: nothing is
+    extrapolated. Runs without eval records are left out and do not shorten their label's grid.
+    """
+    if x not in X_AXES:
+        raise ValueError(f"curves: x must be one of {sorted(X_AXES)}, not {x!r}")
+    if grid_points < 2:
+        raise ValueError(f"curves: grid_points must be at least 2, not {grid_points}")
+    by_label: dict[str, list[tuple[RunResult, np.ndarray, np.ndarray]]] = {}
+    for run in runs:
+        evals = eval_records(run.metrics)
+        xs, accuracy = numeric(evals, x).to_numpy(), numeric(evals, "test_accuracy").to_numpy()
+        keep = np.isfinite(xs) & np.isfinite(accuracy)
+        if keep.any():
+            order = np.argsort(xs[keep], kind="stable")
+            by_label.setdefault(run.label, []).append((run, xs[keep][order], accuracy[keep][order]))
+    frames = []
+    for label, members in by_label.items():
+        start, end = max(xs[0] for _, xs, _ in members), min(xs[-1] for _, xs, _ in members)
+        grid = np.linspace(start if 0 < start <= end else 0.0, end, grid_points)
+        for run, xs, accuracy in members:
+            frames.append(pd.DataFrame({
+                "label": label,
+                "seed": run.spec.get("seed"),
+                "run_id": run.spec.get("run_id") or run.run_dir.name,
+                "x": grid,
+                "test_accuracy": np.interp(grid, xs, accuracy, left=np.nan),
+            }))  # fmt: skip
+    if not frames:
+        return pd.DataFrame(columns=list(CURVE_COLUMNS))
+    return pd.concat(frames, ignore_index=True)
+
+def failures(runs: Sequence[RunResult]) -> pd.DataFrame:
+    """runs -> DataFrame (runs not completed x [run_id, label, state, rank, message]), from status.json."""
+    rows = []
+    for run in runs:
+        if run.state == "completed":
+            continue
+        error = (run.status or {}).get("error")
+        if isinstance(error, dict):
+            message, rank = str(error.get("message") or ""), error.get("rank")
+        else:
+            message, rank = ("" if error is None else str(error)), None
+        if run.status is None:
+            message = message or "no readable status.json"
+        run_id = run.spec.get("run_id") or run.run_dir.name
+        rows.append({"run_id": run_id, "label": run.label, "state": run.state, "rank": rank,
+                     "message": message})
+    return pd.DataFrame(rows, columns=["run_id", "label", "state", "rank", "message"])
+
+def common_target(runs: Sequence[RunResult]) -> float | None:
+    """The target accuracy shared by every run's budget, or None when they set none or differ."""
+    targets = {(run.spec.get("budget") or {}).get("target_accuracy") for run in runs}
+    return targets.pop() if len(targets) == 1 else None

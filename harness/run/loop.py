@@ -1,0 +1,267 @@
+"""The shared training loop: the same data order, budget, evaluation cadence and clocks for every method."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.comm.communicator import Communicator
+from harness.data.tensors import Batch, DataOrder, TensorData
+from harness.method import EvalResult, Method
+from harness.run import checkpoint
+from harness.run.clock import TrainClock
+from harness.run.records import MetricsWriter
+from harness.suite.spec import Budget, RunSpec
+
+# Ranks agree on time-based decisions (time budget, eval_every_seconds) and on divergence with one tiny all-reduce
+# (category `control`) about every CONTROL_PERIOD_S of train time. It is asynchronous: launched at step t with each
+# rank's flags, its result is collected and acted on at step t + L by every rank, where L (1 to CONTROL_MAX_STEPS,
+# from the measured step time) was itself agreed by the previous round. A rank ahead of the others (a pipeline's
+# first stage) therefore never waits for them unless it is more than L steps ahead.
+CONTROL_PERIOD_S = 0.5
+CONTROL_MAX_STEPS = 64
+
+
+@dataclass
+class Plan:
+    """The step-level schedule a budget implies for a data order."""
+
+    max_steps: int | None
+    eval_every_steps: int | None
+    eval_every_seconds: float | None
+    max_train_seconds: float | None
+
+    @classmethod
+    def from_budget(cls, budget: Budget, steps_per_epoch: int) -> Plan:
+        limits = []
+        if budget.max_steps is not None:
+            limits.append(budget.max_steps)
+        if budget.max_epochs is not None:
+            limits.append(max(1, math.ceil(budget.max_epochs * steps_per_epoch - 1e-9)))
+        every = None
+        if budget.eval_every_epochs is not None:
+            every = max(1, round(budget.eval_every_epochs * steps_per_epoch))
+        return cls(min(limits) if limits else None, every, budget.eval_every_seconds, budget.max_train_seconds)
+
+
+@dataclass
+class Outcome:
+    state: str  # completed, diverged, or preempted (stopped by a signal, after a checkpoint where supported)
+    steps: int
+    epoch: float
+    samples: int
+    last_eval: dict[str, Any] | None
+    message: str | None = None
+
+
+class Loop:
+    """Runs `method` under `spec`'s budget on one rank, writing train and eval records.
+
+    Checkpoints (run_dir/checkpoint.pt) are written every spec.checkpoint_every_steps steps, at the end of the run
+    when that is set, and when a stop is requested (checkpoint.STOP: a preemption or time-limit signal on any
+    rank, agreed in the control round so that every rank stops after the same step). `restore` resumes from one.
+    """
+
+    def __init__(self, spec: RunSpec, method: Method, train: TensorData, test: TensorData, comm: Communicator,
+                 writer: MetricsWriter, clock: TrainClock, run_dir: Path | None = None):
+        self.spec, self.method, self.train, self.test = spec, method, train, test
+        self.comm, self.writer, self.clock = comm, writer, clock
+        self.run_dir = run_dir
+        self.checkpointable = method.checkpointable and run_dir is not None
+        self.checkpoint_every = spec.checkpoint_every_steps if self.checkpointable else None
+        self.order = DataOrder(len(train), spec.params["batch_size"], spec.seed)
+        self.plan = Plan.from_budget(spec.budget, self.order.steps_per_epoch)
+        self.step = 0
+        self.last_eval: dict[str, Any] | None = None
+        self._next_eval_time = spec.budget.eval_every_seconds or math.inf
+        self._diverged_at: int | None = None
+        self._next_sync_step = 1
+        self._interval = 1
+        self._control = None  # (future, flags) of the control round in flight
+
+    def run(self) -> Outcome:
+        self.comm.barrier()  # every rank starts its train clock together, after its own set-up
+        self.clock.start_training()
+        if self.step == 0:  # a resumed run evaluated its checkpoint's step before it was taken
+            self.evaluate()
+        while not self._last():
+            diverged, time_up, eval_due, stop = self.train_one_step()  # stop: a signal number, or 0
+            if diverged:
+                self._settle()
+                self.method.end_training()
+                return Outcome("diverged", self.step, self.order.epoch_of(self.step), self._samples(),
+                               self.last_eval, f"non-finite loss at step {self._diverged_at or self.step}")
+            if time_up or self._last():
+                break  # the final evaluation comes after end_training, below
+            if eval_due:
+                self.evaluate()
+            if stop:
+                self._settle()
+                return self._stop(stop)
+            if self.checkpoint_every and self.step % self.checkpoint_every == 0:
+                self.checkpoint()
+        self._settle()
+        self.method.end_training()
+        if self.last_eval is None or self.last_eval["step"] != self.step:
+            self.evaluate()
+        if self.checkpoint_every:
+            self.checkpoint()  # the final state, for inspection and for comparing runs
+        return Outcome("completed", self.step, self.order.epoch_of(self.step), self._samples(), self.last_eval)
+
+    def _last(self) -> bool:
+        return self.plan.max_steps is not None and self.step >= self.plan.max_steps
+
+    def _stop(self, signum: int) -> Outcome:
+        """A stop was agreed after this step: checkpoint (where the method supports it) and end as preempted."""
+        name = checkpoint.signal_name(signum)
+        if self.checkpointable:
+            self.checkpoint()
+            message = f"stopped by {name} after step {self.step}; {checkpoint.CHECKPOINT_FILE} holds that step"
+        else:
+            message = (f"stopped by {name} after step {self.step}; method {self.spec.method!r} does not support "
+                       f"checkpoints, so a resumed run starts over")
+        return Outcome("preempted", self.step, self.order.epoch_of(self.step), self._samples(), self.last_eval,
+                       message)
+
+    def train_one_step(self) -> tuple[bool, bool, bool, int]:
+        """One global step: the batch, the method's step, its train record, and the ranks' agreement.
+
+        Returns (diverged, time budget spent, evaluation due, stop), the same on every rank. `stop` is the number
+        of a signal that asked some rank to stop (the largest, if several did), or 0.
+        """
+        batch = Batch(self.step, self.order.epoch_of(self.step), self.order.batch(self.step), self.train,
+                      self.spec.seed)
+        stats = self.method.train_step(batch)
+        self.step += 1
+        finite = stats.loss is None or math.isfinite(stats.loss)
+        if self._diverged_at is None and not finite:
+            self._diverged_at = self.step
+        if self.step % self.spec.log_every_steps == 0 or not finite:
+            self._log_train(stats.loss, stats.extra)
+        diverged, time_up, eval_by_time, stop = self._agree(self._diverged_at is not None, self._last(),
+                                                            checkpoint.STOP.signum)
+        eval_by_steps = bool(self.plan.eval_every_steps) and self.step % self.plan.eval_every_steps == 0
+        return diverged, time_up, eval_by_steps or eval_by_time, stop
+
+    def _samples(self) -> int:
+        return self.step * self.order.batch_size
+
+    def _agree(self, diverged: bool, last: bool, stop: int) -> tuple[bool, bool, bool, int]:
+        """(diverged, time budget spent, eval due by time, stop signal or 0), the same on every rank."""
+        train_s = self.clock.train()
+        time_up = self.plan.max_train_seconds is not None and train_s >= self.plan.max_train_seconds
+        eval_due = train_s >= self._next_eval_time
+        if self.comm.world_size > 1:
+            agreed = [False, False, False, 0]
+            if self._control is not None and (self.step >= self._next_sync_step or last):
+                agreed = self._collect()
+            if last:  # the final step: one blocking round on the current flags, so nothing is left unsaid
+                self._launch(diverged, time_up, eval_due, stop, train_s)
+                final = self._collect()
+                agreed = [max(a, b) for a, b in zip(agreed, final, strict=True)]
+            elif self._control is None:
+                self._launch(diverged, time_up, eval_due, stop, train_s)
+            diverged, time_up, eval_due, stop = bool(agreed[0]), bool(agreed[1]), bool(agreed[2]), int(agreed[3])
+        if eval_due:
+            while self._next_eval_time <= train_s:
+                self._next_eval_time += self.spec.budget.eval_every_seconds or math.inf
+        return diverged, time_up, eval_due, stop
+
+    def _launch(self, diverged: bool, time_up: bool, eval_due: bool, stop: int, train_s: float) -> None:
+        proposal = min(CONTROL_MAX_STEPS, max(1, int(CONTROL_PERIOD_S * self.step / max(train_s, 1e-9))))
+        flags = torch.tensor([float(diverged), float(time_up), float(eval_due), float(stop), float(proposal)])
+        future = self.comm.all_reduce(flags, "control", op=torch.distributed.ReduceOp.MAX, async_op=True)
+        self._control = (future, flags)
+        self._next_sync_step = self.step + self._interval
+
+    def _settle(self) -> None:
+        """Wait for a control round still in flight (every rank launched it at the same step)."""
+        if self._control is not None:
+            self._collect()
+
+    def _collect(self) -> list[float]:
+        """The agreed flags: (diverged, time_up, eval_due, stop signal), each the max over ranks."""
+        future, flags = self._control
+        future.wait()
+        self._control = None
+        self._interval = int(flags[4])  # the same on every rank: the max of the proposals
+        return flags[:4].tolist()
+
+    def _log_train(self, loss: float, extra: dict[str, Any]) -> None:
+        sent, recv = self.comm.ledger.training_bytes()
+        self.writer.write("train", step=self.step, epoch=self.order.epoch_of(self.step), samples=self._samples(),
+                          loss=loss, bytes_sent=sent, bytes_recv=recv,
+                          bytes_by_category=self.comm.ledger.by_category(), **extra)
+
+    def evaluate(self) -> EvalResult | None:
+        """Evaluate with the train clock stopped on every rank (a barrier closes the excluded interval)."""
+        with self.clock.excluded():
+            result = self.method.evaluate(self.test)
+            self.comm.barrier()
+        if self.comm.rank == 0:
+            if result is None:
+                raise RuntimeError(f"method {self.spec.method!r} returned no evaluation result on rank 0")
+            record = {"step": self.step, "epoch": self.order.epoch_of(self.step), "samples": self._samples(),
+                      "test_accuracy": result.accuracy, "test_loss": result.loss, **result.extra}
+            self.writer.write("eval", **record)
+            self.last_eval = record
+        else:
+            self.last_eval = {"step": self.step}
+        return result
+
+    # -- checkpoints ----------------------------------------------------------------------------------------------
+    def checkpoint(self) -> None:
+        """Every rank's state gathered to rank 0, which writes run_dir/checkpoint.pt atomically. Collective.
+
+        Off the train clock. The traffic goes around the Communicator: it is not part of the method's bytes. The
+        size of metrics.jsonl is taken between two barriers, when every rank has written every record up to this
+        step and none has written more; a resumed run cuts the file back to it.
+        """
+        with self.clock.excluded():
+            world = self.comm.world_size
+            mine = {"method": self.method.state_dict(), "rng": checkpoint.rng_state(),
+                    "ledger": self.comm.ledger.state_dict()}
+            if world > 1:
+                dist.barrier(group=self.comm.group)
+            metrics_bytes = os.path.getsize(self.writer.path) if self.comm.rank == 0 else 0
+            if world > 1:
+                dist.barrier(group=self.comm.group)
+                states: list[Any] | None = [None] * world if self.comm.rank == 0 else None
+                dist.gather_object(mine, states, dst=0, group=self.comm.group)
+            else:
+                states = [mine]
+            if self.comm.rank == 0:
+                checkpoint.save(self.run_dir / checkpoint.CHECKPOINT_FILE, {
+                    "format": checkpoint.FORMAT_VERSION, "run_id": self.spec.run_id,
+                    "spec": self.spec.model_dump_json(), "world_size": world, "step": self.step,
+                    "epoch": self.order.epoch_of(self.step), "samples": self._samples(),
+                    "train_time_s": self.clock.train(), "wall_time_s": self.clock.wall(),
+                    "metrics_bytes": metrics_bytes,
+                    "loop": {"next_eval_time": self._next_eval_time, "interval": self._interval,
+                             "last_eval": self.last_eval},
+                    "ranks": states})
+            if world > 1:
+                dist.barrier(group=self.comm.group)  # the file is complete before any rank goes on or exits
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Continue from a checkpoint: the step, cadences, this rank's method state, bytes and RNG streams.
+
+        The train clock's offset is the caller's (TrainClock(offset_train_s=...)); it is made before the loop.
+        """
+        mine = saved["ranks"][self.comm.rank]
+        self.step = int(saved["step"])
+        loop = saved["loop"]
+        self._next_eval_time = float(loop["next_eval_time"])
+        self._interval = int(loop["interval"])
+        self._next_sync_step = self.step + 1
+        last_eval = loop["last_eval"]
+        self.last_eval = last_eval if self.comm.rank == 0 or last_eval is None else {"step": last_eval["step"]}
+        self.method.load_state_dict(mine["method"])
+        self.comm.ledger.load_state_dict(mine["ledger"])
+        checkpoint.set_rng_state(mine["rng"])  # last: nothing above may draw from the restored streams

@@ -1,0 +1,167 @@
+"""The per-rank entry point every launcher calls: process setup, torch.distributed, the run, and its files."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import random
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+ERROR_FILE = "error-rank{rank}.json"
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """How ranks find each other. `store_is_external`: a launcher already serves a TCPStore at addr:port
+    (the local launcher); otherwise rank 0 hosts it (SLURM, where every task is a peer)."""
+
+    master_addr: str
+    master_port: int
+    store_is_external: bool = True
+    timeout_s: float = 120.0
+
+
+def _redirect_output(run_dir: Path, rank: int) -> None:
+    """Send this process's stdout and stderr (file descriptors, so C++ logs too) to logs/rank<r>.log."""
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    fd = os.open(logs / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _init_distributed(rank: int, world_size: int, rdzv: Rendezvous, backend: str):
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=rdzv.timeout_s)
+    store = dist.TCPStore(rdzv.master_addr, rdzv.master_port, world_size,
+                          is_master=(rank == 0 and not rdzv.store_is_external), timeout=timeout,
+                          wait_for_workers=False)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    return dist.group.WORLD
+
+
+def run_rank(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, launcher: str = "local",
+             redirect: bool = True, argv: list[str] | None = None, resume: bool = False,
+             network: dict | None = None) -> int:
+    """Run one rank of a run to the end. Returns the process exit code (0: the run ended, completed, diverged or
+    preempted; status.json says which).
+
+    With `resume`, a checkpoint.pt in `run_dir` is continued from (metrics.jsonl is cut back to it first); without
+    one the run starts at step 0. `network`: the emulated network the launcher built (Topology.describe()), recorded
+    in manifest.json. On an exception the traceback goes to the rank's log and its first line to
+    error-rank<r>.json, which the launcher reads to name the failing rank in status.json.
+    """
+    run_path = Path(run_dir)
+    if redirect:
+        _redirect_output(run_path, rank)
+    try:
+        return _run(spec_json, rank, rdzv, run_path, launcher, argv, resume, network)
+    except BaseException as exc:  # noqa: BLE001 - everything a rank dies of is reported
+        traceback.print_exc()
+        message = f"{type(exc).__name__}: {exc}".splitlines()[0][:2000]
+        (run_path / ERROR_FILE.format(rank=rank)).write_text(json.dumps({"rank": rank, "message": message}))
+        return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _load_checkpoint(spec, run_dir: Path, rank: int, comm) -> dict | None:
+    """The run's checkpoint, checked against `spec`; rank 0 first cuts metrics.jsonl back to it. Collective."""
+    from harness.run import checkpoint
+
+    path = run_dir / checkpoint.CHECKPOINT_FILE
+    saved = checkpoint.load(path) if path.exists() else None
+    if saved is not None and saved["spec"] != spec.model_dump_json():
+        raise RuntimeError(f"{path} was written for another spec than this run's spec.json; remove it to start "
+                           "the run over")
+    if rank == 0:
+        checkpoint.truncate_metrics(run_dir / "metrics.jsonl", saved["metrics_bytes"] if saved else 0)
+    comm.barrier()  # no rank writes a record before the file is cut back
+    return saved
+
+
+def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: str, argv: list[str] | None,
+         resume: bool = False, network: dict | None = None) -> int:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from harness import registry
+    from harness.comm.communicator import Communicator
+    from harness.method import RunContext
+    from harness.run import manifest
+    from harness.run.clock import TrainClock
+    from harness.run.loop import Loop
+    from harness.run.records import MetricsWriter, write_json, write_status
+    from harness.suite.spec import RunSpec
+
+    spec = RunSpec.model_validate_json(spec_json)
+    torch.set_num_threads(spec.threads_per_rank)
+    if spec.deterministic:
+        torch.use_deterministic_algorithms(True)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    group = _init_distributed(rank, spec.world_size, rdzv, "nccl" if cuda else "gloo")
+    comm = Communicator(rank, spec.world_size, group)
+
+    saved = _load_checkpoint(spec, run_dir, rank, comm) if resume else None
+    clock = TrainClock(*((saved["train_time_s"], saved["wall_time_s"]) if saved else ()))
+    writer = MetricsWriter(run_dir / "metrics.jsonl", rank, clock)
+    if rank == 0:
+        info = manifest.build(spec.seed, launcher, run_dir, spec.threads_per_rank, argv,
+                              network or (spec.network.model_dump() if spec.network else None))
+        if saved:
+            info["resumed_from_step"] = saved["step"]
+        write_json(run_dir / "manifest.json", info)
+
+    # Same seed on every rank: identical initial weights, and identical across methods for the same workload.
+    random.seed(spec.seed)
+    np.random.seed(spec.seed)
+    torch.manual_seed(spec.seed)
+    instance = registry.WORKLOADS.get(spec.workload).instantiate(spec.workload_options, spec.data_root)
+    method_cls = registry.METHODS.get(spec.method)
+    params = method_cls.Params.model_validate(spec.params)
+    ctx = RunContext(rank=rank, world_size=spec.world_size, device=device, workload=instance, params=params,
+                     comm=comm, seed=spec.seed, run_dir=run_dir, log=writer.write)
+    torch.manual_seed(spec.seed)
+    method = method_cls(ctx)
+    torch.manual_seed(spec.seed + 1 + rank)  # per-rank stream for stochastic methods (compression, dropout)
+
+    loop = Loop(spec, method, instance.train, instance.test, comm, writer, clock, run_dir)
+    if spec.checkpoint_every_steps and not loop.checkpointable and rank == 0:
+        print(f"dtbench: method {spec.method!r} does not support checkpoints: checkpoint_every_steps is ignored "
+              "and a preempted run starts over", flush=True)
+    if saved:
+        loop.restore(saved)
+    outcome = loop.run()
+    method.finish()
+    writer.write("comm", bytes_by_category=comm.ledger.by_category(), seconds_by_category=dict(comm.ledger.seconds),
+                 calls_by_category=dict(comm.ledger.calls))
+    if rank == 0:
+        sent, recv = comm.ledger.training_bytes()
+        final = {"steps": outcome.steps, "epoch": outcome.epoch, "samples": outcome.samples,
+                 "train_time_s": clock.train(), "wall_time_s": clock.wall(),
+                 "rank0_bytes_sent": sent, "rank0_bytes_recv": recv}
+        if outcome.last_eval:
+            final.update({k: outcome.last_eval[k] for k in ("test_accuracy", "test_loss") if k in outcome.last_eval})
+        ids = {"slurm_job_id": manifest.slurm_job_id()} if launcher == "slurm" else {}
+        if outcome.state == "preempted":  # not an error: the run goes on when it is resumed
+            write_status(run_dir, outcome.state, final=final, note=outcome.message, **ids)
+        else:
+            error = {"message": outcome.message, "rank": None} if outcome.message else None
+            write_status(run_dir, outcome.state, error=error, final=final, **ids)
+    writer.close()
+    comm.barrier()
+    dist.destroy_process_group()
+    return 0

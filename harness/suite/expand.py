@@ -1,0 +1,146 @@
+"""Suite files: the pydantic schema over the TOML contract and its expansion into fully resolved run specs."""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harness import registry
+from harness.net.spec import NetworkSpec
+from harness.suite.files import FileError, first_error, load_toml
+from harness.suite.spec import Budget, RunSpec, compact, default_threads, make_run_id
+
+
+class RunEntry(BaseModel):
+    """One `[[run]]` table of a suite file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: str
+    world_size: int = Field(default=1, ge=1)
+    workload: str | None = None
+    workload_options: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict)
+    label: str | None = None
+    threads_per_rank: int | None = Field(default=None, ge=1)
+    budget: Budget | None = None
+    nodes: int | None = Field(default=None, ge=1)
+    network: NetworkSpec | None = None
+
+
+class SuiteFile(BaseModel):
+    """The top level of a suite file (see docs/suites.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    workload: str
+    workload_options: dict[str, Any] = Field(default_factory=dict)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    budget: Budget = Field(default_factory=Budget)
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    threads_per_rank: int | None = Field(default=None, ge=1)
+    deterministic: bool = True
+    log_every_steps: int = Field(default=1, ge=1)
+    checkpoint_every_steps: int | None = Field(default=None, ge=1)
+    nodes: int = Field(default=1, ge=1, description="SLURM nodes per run; world_size / nodes tasks on each")
+    data_root: str | None = None
+    network: NetworkSpec | None = None
+    run: list[RunEntry] = Field(min_length=1)
+
+
+def load_suite_file(path: str | Path) -> tuple[SuiteFile, dict[str, Any]]:
+    """Parse and validate the top level of a suite file. Raises FileError with one line."""
+    return load_toml(path, SuiteFile, "suite file")
+
+
+def _lookup(path: Path, field: str, kind: registry.Registry, name: str):
+    """(object, entry) registered or referenced as `name`; FileError naming the field otherwise."""
+    try:
+        return kind.resolve(name)
+    except registry.RegistryError as exc:
+        raise FileError(f"{path}: {field}: {exc}") from None
+
+
+def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec | None = None) -> list[RunSpec]:
+    """Validate a suite file and expand it into one RunSpec per run and seed.
+
+    Checks every method name, workload name, method and workload parameter, and world size. Any problem raises
+    FileError naming the file and the field; nothing is written by this function. `network` (from --network)
+    replaces the suite's and every run's network.
+    """
+    path = Path(path)
+    suite, _doc = load_suite_file(path)
+    specs: list[RunSpec] = []
+    seen: dict[str, str] = {}
+    for i, entry in enumerate(suite.run):
+        where = f"run[{i}]"
+        method_cls, method_entry = _lookup(path, f"{where}.method", registry.METHODS, entry.method)
+        workload_name = entry.workload or suite.workload
+        workload, workload_entry = _lookup(path, f"{where}.workload" if entry.workload else "workload",
+                                           registry.WORKLOADS, workload_name)
+        options = {**(suite.workload_options if not entry.workload else {}), **entry.workload_options}
+        try:
+            resolved_options = workload.Options.model_validate(options).model_dump()
+        except ValidationError as exc:
+            raise first_error(path, exc, prefix=f"{where}.workload_options") from None
+
+        # Precedence: method defaults < workload defaults < suite [defaults] < run params.
+        fields = method_cls.Params.model_fields
+        for key in suite.defaults:
+            if key not in fields:
+                raise FileError(f"{path}: defaults.{key}: not a parameter of method {entry.method!r} used by {where} "
+                                f"(its parameters: {', '.join(fields)})")
+        merged = {k: v for k, v in workload.hyperparameters.items() if k in fields}
+        merged.update(suite.defaults)
+        merged.update(entry.params)
+        try:
+            params = method_cls.Params.model_validate(merged)
+        except ValidationError as exc:
+            key = str(exc.errors()[0]["loc"][0]) if exc.errors()[0]["loc"] else ""
+            origin = "defaults" if key and key in suite.defaults and key not in entry.params else f"{where}.params"
+            raise first_error(path, exc, prefix=origin) from None
+        problem = method_cls.check_world_size(entry.world_size, params)
+        if problem:
+            raise FileError(f"{path}: {where}.world_size: {problem}")
+        nodes = entry.nodes or suite.nodes
+        if entry.world_size % nodes:
+            raise FileError(f"{path}: {where + '.nodes' if entry.nodes else 'nodes'}: world_size "
+                            f"{entry.world_size} of {where} is not divisible by {nodes} nodes")
+
+        budget = (entry.budget.over(suite.budget) if entry.budget else suite.budget).over(workload.budget)
+        if budget.max_epochs is None and budget.max_steps is None and budget.max_train_seconds is None:
+            raise FileError(f"{path}: budget: give at least one of max_epochs, max_steps, max_train_seconds")
+        threads = entry.threads_per_rank or suite.threads_per_rank or default_threads(entry.world_size)
+        run_network = network or entry.network or suite.network
+        label = entry.label or default_label(entry, method_cls.name)
+        if run_network is not None:
+            label += f" @ {run_network.text}"
+        for seed in suite.seeds:
+            run_id = make_run_id(method_entry.id_name, workload_entry.id_name, entry.world_size, entry.params, seed,
+                                 entry.workload_options, entry.label, run_network)
+            if run_id in seen:
+                raise FileError(f"{path}: {where}: duplicates {seen[run_id]} (same method, workload, world size, "
+                                f"params, network and seed); give it a distinct label")
+            seen[run_id] = where
+            specs.append(RunSpec(
+                suite=suite.name, run_id=run_id, label=label, method=entry.method,
+                family=method_cls.family, workload=workload_name, workload_options=resolved_options,
+                world_size=entry.world_size, seed=seed, params=params.model_dump(), budget=budget,
+                threads_per_rank=threads, deterministic=suite.deterministic,
+                log_every_steps=suite.log_every_steps, checkpoint_every_steps=suite.checkpoint_every_steps,
+                nodes=nodes, data_root=suite.data_root, suite_file=str(path.resolve()), network=run_network,
+                method_origin=method_entry.origin, workload_origin=workload_entry.origin,
+            ))
+    if only:
+        specs = [s for s in specs if fnmatch.fnmatchcase(s.run_id, only)]
+    return specs
+
+
+def default_label(entry: RunEntry, method_name: str | None = None) -> str:
+    """How a run group is named in reports: the method, its explicit params and world size."""
+    extra = " ".join(f"{k}={compact(v)}" for k, v in sorted(entry.params.items()))
+    return f"{method_name or entry.method}{' ' + extra if extra else ''} x{entry.world_size}"

@@ -1,0 +1,72 @@
+"""TOML input files (suites, sites, claims): one loader, and one error type whose message is a single line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+class FileError(Exception):
+    """An input file is invalid. The message is one line naming the file and the field."""
+
+
+
+def field_path(loc: tuple[Any, ...]) -> str:
+    """A pydantic error location as the TOML path a user reads: ('run', 2, 'params', 'bits') -> run[2].params.bits."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<top level>"
+
+
+def first_error(path: Path, err: ValidationError, prefix: str = "") -> FileError:
+    """The first problem pydantic found, as one line: '<file>: <field>: <what is wrong>'."""
+    e = err.errors()[0]
+    loc = tuple(x for x in e["loc"] if x not in ("function-after",))
+    field = field_path(loc)
+    if prefix:
+        field = f"{prefix}.{field}" if field != "<top level>" else prefix
+    msg = e["msg"]
+    if e["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif e["type"] == "missing":
+        msg = "required key is missing"
+    elif "input" in e and e["type"] not in ("value_error",):
+        msg = f"{msg} (got {e['input']!r})"
+    return FileError(f"{path}: {field}: {msg}")
+
+
+def read_toml(path: str | Path, what: str = "file") -> dict[str, Any]:
+    """The TOML document at `path` as a dict. Raises FileError (one line) when it cannot be read or parsed."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise FileError(f"{path}: cannot read {what}: {reason}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise FileError(f"{path}: not valid TOML: {exc}") from None
+
+
+def load_toml(path: str | Path, model: type[Model], what: str = "file") -> tuple[Model, dict[str, Any]]:
+    """Read `path` and validate it as `model`; returns the model and the raw document. Raises FileError (one line)."""
+    doc = read_toml(path, what)
+    try:
+        return model.model_validate(doc), doc
+    except ValidationError as exc:
+        raise first_error(Path(path), exc) from None

@@ -1,0 +1,127 @@
+"""The values every part passes around: the budget, the fully resolved run spec, run ids and safe names."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from harness.net.spec import NetworkSpec
+
+
+class Budget(BaseModel):
+    """When a run stops (whichever limit comes first) and how often it is evaluated."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_epochs: float | None = Field(default=None, gt=0)
+    max_steps: int | None = Field(default=None, gt=0)
+    max_train_seconds: float | None = Field(default=None, gt=0)
+    eval_every_epochs: float | None = Field(default=None, gt=0)
+    eval_every_seconds: float | None = Field(default=None, gt=0)
+    target_accuracy: float | None = Field(default=None, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _one_eval_cadence(self) -> Budget:
+        if self.eval_every_epochs is not None and self.eval_every_seconds is not None:
+            raise ValueError("give eval_every_epochs or eval_every_seconds, not both")
+        return self
+
+    def over(self, base: Budget) -> Budget:
+        """This budget with every unset (None) field taken from `base`; a cadence set here replaces base's."""
+        mine = {k: v for k, v in self.model_dump().items() if v is not None}
+        merged = base.model_dump()
+        if "eval_every_epochs" in mine:
+            merged["eval_every_seconds"] = None
+        if "eval_every_seconds" in mine:
+            merged["eval_every_epochs"] = None
+        merged.update(mine)
+        return Budget(**merged)
+
+
+class RunSpec(BaseModel):
+    """A fully resolved run: everything needed to execute it, written to spec.json.
+
+    `method` and `workload` are as the suite named them: a registered name, or a `package.module:Class` reference.
+    `method_origin` and `workload_origin` say where the registry found them (built-in, an installed package's entry
+    point, or an import path), so a run folder alone says what code ran.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    suite: str
+    run_id: str
+    label: str
+    method: str
+    family: str
+    workload: str
+    workload_options: dict[str, Any]
+    world_size: int
+    seed: int
+    params: dict[str, Any]
+    budget: Budget
+    threads_per_rank: int
+    deterministic: bool
+    log_every_steps: int
+    checkpoint_every_steps: int | None = None
+    nodes: int = 1
+    data_root: str | None = None
+    suite_file: str | None = None
+    network: NetworkSpec | None = None
+    method_origin: str | None = None
+    workload_origin: str | None = None
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_name(text: str) -> str:
+    """`text` with every run of characters outside [A-Za-z0-9._-] replaced by '_' (a file name part; may be '')."""
+    return _UNSAFE.sub("_", text)
+
+
+def compact(value: Any) -> str:
+    """A parameter value as run ids and labels show it: 0.05 -> '0.05', True -> '1', [2, 1] -> '2+1'."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (list, tuple)):
+        return "+".join(compact(v) for v in value)
+    return str(value)
+
+
+def make_run_id(method: str, workload: str, world_size: int, params: dict[str, Any], seed: int,
+                workload_options: dict[str, Any] | None = None, label: str | None = None,
+                network: NetworkSpec | None = None) -> str:
+    """A stable, human-readable, filesystem-safe id from what distinguishes a run.
+
+    An emulated network adds `net<rate>` (and `lat<latency>`) before the seed; ids of runs without one are as they
+    always were. Characters outside [A-Za-z0-9._-] become '_'. When that changed anything, or the id is longer than
+    120 characters, an 8-hex digest of the exact inputs is appended so that distinct runs keep distinct ids.
+    """
+    parts = [label or method, workload, f"w{world_size}"]
+    parts += [f"{k}{compact(v)}" for k, v in sorted((workload_options or {}).items())]
+    parts += [f"{k}{compact(v)}" for k, v in sorted(params.items())]
+    if network is not None:
+        parts.append(f"net{network.rate}" + (f"-lat{network.latency}" if network.latency else ""))
+    parts.append(f"s{seed}")
+    raw = "-".join(parts)
+    safe = safe_name(raw).strip("._-") or "run"
+    if safe != raw or len(safe) > 120:
+        inputs: list[Any] = [method, workload, world_size, params, seed, workload_options, label]
+        if network is not None:  # only then: the digests of runs without a network stay as they were
+            inputs.append(network.text)
+        digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        safe = f"{safe[:110]}-{digest}"
+    return safe
+
+
+def default_threads(world_size: int) -> int:
+    """Intra-op threads per rank: the machine's cores shared evenly, at least one."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // world_size)

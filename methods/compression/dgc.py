@@ -1,0 +1,313 @@
+"""Deep Gradient Compression (Lin et al., ICLR 2018): momentum-corrected, warmed-up top-k gradient sparsification."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from harness.data.tensors import Batch
+from harness.method import RunContext, StepStats
+from methods.compression.core import Compressed, Compressor, Memory
+from methods.compression.method import CompressedDDP, CompressionParams
+
+#: Warm-up densities (the paper's sparsities 75%, 93.75%, 98.4375%, 99.6%, 99.9%), equal shares of the warm-up.
+WARMUP_DENSITIES = (0.25, 0.0625, 0.015625, 0.004, 0.001)
+
+#: Block size of the pre-filter that skips blocks holding no candidate (used at densities up to BLOCK_MAX_DENSITY).
+BLOCK = 32
+BLOCK_MAX_DENSITY = 0.01
+
+
+def density_at(epoch: float, warmup_epochs: float, final_density: float) -> float:
+    """The fraction of a tensor sent at `epoch`: the warm-up stages, never below `final_density`, then it."""
+    if warmup_epochs <= 0 or epoch >= warmup_epochs:
+        return final_density
+    stage = int(max(0.0, epoch) * len(WARMUP_DENSITIES) / warmup_epochs)
+    return max(WARMUP_DENSITIES[min(stage, len(WARMUP_DENSITIES) - 1)], final_density)
+
+
+def clip_to_norm(gradient: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """The gradient scaled down to L2 norm `max_norm` if it is longer (a new tensor then; else the same one)."""
+    norm = float(torch.linalg.vector_norm(gradient))
+    return gradient * (max_norm / norm) if norm > max_norm else gradient
+
+
+def indices_at_least(tensor: torch.Tensor, threshold: float, block: int | None = None,
+                     scratch: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """Ascending int64 indices i with |tensor_i| >= threshold > 0 (tensor: flat).
+
+    With `block`, a max/min per block of `block` elements first skips the blocks holding no such entry, so only
+    ~density·block of the tensor is looked at element-wise, and no full-size temporary is made. Without it, |tensor|
+    and the mask go into `scratch` buffers (reused across calls).
+    """
+    n = tensor.numel()
+    if block is not None and n >= block:
+        whole = n // block * block
+        rows = tensor[:whole].view(-1, block)
+        hit = rows.amax(1) >= threshold
+        hit |= rows.amin(1) <= -threshold
+        blocks = hit.nonzero().view(-1)
+        candidates = rows.index_select(0, blocks).abs_()
+        where = (candidates >= threshold).nonzero()
+        found = blocks[where[:, 0]] * block + where[:, 1]
+        if whole == n:
+            return found
+        tail = (tensor[whole:].abs() >= threshold).nonzero().view(-1) + whole
+        return torch.cat([found, tail])
+    scratch = {} if scratch is None else scratch
+    magnitude, mask = scratch.get("magnitude"), scratch.get("mask")
+    if magnitude is None or magnitude.numel() < n or magnitude.device != tensor.device:
+        magnitude = scratch["magnitude"] = torch.empty(n, dtype=tensor.dtype, device=tensor.device)
+        mask = scratch["mask"] = torch.empty(n, dtype=torch.bool, device=tensor.device)
+    torch.abs(tensor, out=magnitude[:n])
+    torch.ge(magnitude[:n], threshold, out=mask[:n])
+    return mask[:n].nonzero().view(-1)
+
+
+@dataclass
+class SparseContext:
+    """What stays on this rank: the tensor's numel (for decompressing any rank's payload), and for a sparse tensor
+    the int64 indices this rank really sent (the payload's first `len(sent)` entries; the rest is padding)."""
+
+    numel: int
+    sent: torch.Tensor | None = None
+
+
+class DGCCompressor(Compressor):
+    """Top-k by a sampled threshold. A sparse payload is exactly k = ceil(density·n) values (fp32, or fp16) and
+    k int32 indices, whatever the values: entries that did not make it are padding (index 0, value 0.0).
+
+    Tensors with fewer than `min_compress_numel` elements, or with k >= n (density 1.0), are sent dense fp32;
+    their memory then holds plain momentum (see DGCMemory).
+    """
+
+    def __init__(self, density: float, warmup_epochs: float = 0.0, sample_fraction: float = 0.01,
+                 fp16_values: bool = False, min_compress_numel: int = 0, seed: int = 0):
+        self.final_density = density
+        self.warmup_epochs = warmup_epochs
+        self.sample_fraction = sample_fraction
+        self.value_dtype = torch.float16 if fp16_values else torch.float32
+        self.min_compress_numel = min_compress_numel
+        self.seed = seed
+        self.epoch = 0.0
+        self.kept = 0  # entries really sent this step (sparse tensors), for the train record
+        self.slots = 0  # payload entries this step (sparse tensors): kept + padding
+        self._generator: torch.Generator | None = None
+        self._scratch: dict[str, torch.Tensor] = {}
+
+    @property
+    def density(self) -> float:
+        return density_at(self.epoch, self.warmup_epochs, self.final_density)
+
+    def num_selected(self, numel: int) -> int | None:
+        """k for a tensor of `numel` elements at the current epoch, or None when it is sent dense."""
+        if numel < self.min_compress_numel:
+            return None
+        k = math.ceil(self.density * numel)
+        return None if k >= numel else k
+
+    def select(self, tensor: torch.Tensor, k: int) -> torch.Tensor:
+        """int64 indices of at most k entries of the flat `tensor`, the largest |tensor| (ties aside).
+
+        The threshold is the smallest of the top ceil(density·s) of s = max(1, sample_fraction·n) entries drawn at
+        random (with replacement). Every entry at least that large is a candidate; if more than k are, the k
+        largest of them are kept (exact top-k over ~k candidates is cheap). If fewer are, all of them are kept.
+        """
+        n = tensor.numel()
+        samples = min(n, max(1, int(self.sample_fraction * n)))
+        if samples == n:
+            sample = tensor.abs()
+        else:
+            if self._generator is None or self._generator.device != tensor.device:
+                self._generator = torch.Generator(device=tensor.device).manual_seed(self.seed)
+            drawn = torch.randint(n, (samples,), generator=self._generator, device=tensor.device)
+            sample = tensor.index_select(0, drawn).abs_()
+        top = min(samples, math.ceil(self.density * samples))
+        threshold = float(sample.topk(top, sorted=False).values.min())
+        threshold = max(threshold, torch.finfo(tensor.dtype).tiny)  # zeros are never worth sending
+        block = BLOCK if self.density <= BLOCK_MAX_DENSITY else None
+        indices = indices_at_least(tensor, threshold, block, self._scratch)
+        if indices.numel() > k:
+            indices = indices[tensor.index_select(0, indices).abs_().topk(k, sorted=False).indices]
+        return indices
+
+    def compress(self, tensor: torch.Tensor, name: str) -> Compressed:
+        tensor = tensor.detach().view(-1)
+        k = self.num_selected(tensor.numel())
+        if k is None:
+            return Compressed([tensor.clone()], SparseContext(tensor.numel()))
+        sent = self.select(tensor, k)
+        values = torch.zeros(k, dtype=self.value_dtype, device=tensor.device)
+        indices = torch.zeros(k, dtype=torch.int32, device=tensor.device)
+        chosen = tensor.index_select(0, sent)
+        if self.value_dtype == torch.float16:
+            chosen.clamp_(-65504.0, 65504.0)
+        values[:sent.numel()] = chosen
+        indices[:sent.numel()] = sent
+        self.kept += sent.numel()
+        self.slots += k
+        return Compressed([values, indices], SparseContext(tensor.numel(), sent))
+
+    def decompress(self, payload: list[torch.Tensor], ctx: SparseContext) -> torch.Tensor:
+        if len(payload) == 1:
+            return payload[0]
+        values, indices = payload
+        out = torch.zeros(ctx.numel, dtype=torch.float32, device=values.device)
+        return out.index_add_(0, indices, values.float())  # adds: padding (0, 0.0) changes nothing
+
+    def decompress_add_(self, out: torch.Tensor, payload: list[torch.Tensor], ctx: SparseContext) -> torch.Tensor:
+        """Scatter-add straight into `out` (the bucket slice): no n-sized temporary per rank."""
+        if len(payload) == 1:
+            return out.add_(payload[0].view_as(out))
+        values, indices = payload
+        return out.view(-1).index_add_(0, indices, values.float()).view_as(out)
+
+    def pop_stats(self) -> dict[str, float]:
+        """This step's density and the share of the sparse payload slots that carried a value; resets."""
+        out = {"density": self.density, "kept_fraction": self.kept / self.slots if self.slots else float("nan")}
+        self.kept = self.slots = 0
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch,
+                "generator": None if self._generator is None else self._generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch = state["epoch"]
+        self._generator = None
+        if state.get("generator") is not None:  # the sampling stream continues where it was (CPU generator)
+            self._generator = torch.Generator().manual_seed(self.seed)
+            self._generator.set_state(state["generator"])
+
+
+class DGCMemory(Memory):
+    """Momentum correction: u <- m·u + g; v <- v + u; v is what gets sparsified. After sending, v loses exactly
+    what was sent (zero there with fp32 values) and, with momentum factor masking, u is zeroed there too.
+
+    g is first clipped (per tensor, to `clip_norm`, when set) and then gains weight_decay·w. Tensors the
+    compressor sends dense skip accumulation: they send u itself (g + m·u with Nesterov), i.e. momentum SGD.
+    """
+
+    def __init__(self, compressor: DGCCompressor, momentum: float, weight_decay: float = 0.0,
+                 nesterov: bool = False, clip_norm: float | None = None, momentum_masking: bool = True):
+        self.compressor = compressor
+        self.momentum = momentum
+        self.weight_decay = weight_decay
+        self.nesterov = nesterov
+        self.clip_norm = clip_norm
+        self.momentum_masking = momentum_masking
+        self.momentums: dict[str, torch.Tensor] = {}
+        self.velocities: dict[str, torch.Tensor] = {}
+
+    def compensate(self, tensor: torch.Tensor, name: str, param: torch.Tensor) -> torch.Tensor:
+        gradient = tensor.detach().view(-1)
+        if self.clip_norm is not None:
+            gradient = clip_to_norm(gradient, self.clip_norm)
+        if self.weight_decay:
+            gradient = gradient.add(param.detach().view(-1), alpha=self.weight_decay)
+        momentum = self.momentums.get(name)
+        if momentum is None:
+            momentum = self.momentums[name] = gradient.clone()  # m·0 + g, as torch's SGD starts its buffer
+        else:
+            torch.add(gradient, momentum, alpha=self.momentum, out=momentum)
+        step = gradient.add(momentum, alpha=self.momentum) if self.nesterov else momentum
+        if self.compressor.num_selected(gradient.numel()) is None:  # dense: plain momentum SGD
+            left = self.velocities.pop(name, None)  # only if this tensor was sparse before: send what was left
+            return step if left is None else step + left
+        velocity = self.velocities.get(name)
+        if velocity is None:
+            velocity = self.velocities[name] = step.clone()
+        else:
+            velocity.add_(step)
+        return velocity
+
+    def update(self, tensor: torch.Tensor, name: str, compressor: Compressor, compressed: Compressed) -> None:
+        sent = compressed.ctx.sent
+        if sent is None:
+            return
+        values = compressed.payload[0][:sent.numel()].float()
+        self.velocities[name].index_add_(0, sent, values, alpha=-1.0)  # v_i - v_i = 0 exactly with fp32 values
+        if self.momentum_masking:
+            self.momentums[name].index_fill_(0, sent, 0.0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"momentums": dict(self.momentums), "velocities": dict(self.velocities)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.momentums = dict(state["momentums"])
+        self.velocities = dict(state["velocities"])
+
+
+class DGCParams(CompressionParams):
+    """DGC's hyperparameters; `momentum`, `nesterov` and `weight_decay` are applied in the memory, not the optimizer."""
+
+    density: float = Field(default=0.001, gt=0, le=1, description="final fraction of each tensor sent (0.001: 99.9%)")
+    warmup_epochs: float = Field(default=4, ge=0, description="epochs of exponential sparsity warm-up (0: none)")
+    sample_fraction: float = Field(default=0.01, gt=0, le=1, description="share of |v| sampled for the threshold")
+    clip_norm: float | None = Field(default=None, gt=0, description="global gradient clipping norm (None: off)")
+    fp16_values: bool = False
+    momentum_masking: bool = True
+    min_compress_numel: int = Field(default=1000, ge=0,
+                                    description="smaller tensors are sent dense fp32 through plain momentum")
+
+
+class DGC(CompressedDDP):
+    """Deep Gradient Compression (Lin et al., ICLR 2018). On rank k of N, each step, for each parameter tensor
+of n elements (as its DDP bucket's gradient is ready):
+
+        g <- grad f(w; B_k)                       this rank's shard of the global batch
+        g <- g · min(1, c / (sqrt(N) |g|))        local gradient clipping, when clip_norm = c
+        g <- g + weight_decay · w
+        u <- m · u + g                            momentum correction: the momentum is local ...
+        v <- v + u                                ... and accumulated
+        d <- density(epoch)                       warm-up: 25%, 6.25%, 1.5625%, 0.4%, 0.1%, then `density`
+        thr <- min of the top ceil(d·s) of s = sample_fraction·n entries of |v| drawn at random
+        S <- the k = ceil(d·n) largest |v_i| >= thr (fewer if fewer pass)
+        send (v_S, S) as k (value, int32 index) pairs, padded with (0.0, 0)
+        v_S <- 0; u_S <- 0                        momentum factor masking (u only when momentum_masking)
+        w <- w - lr · (1/N) sum_ranks scatter(v_S, S)   plain SGD: momentum and decay are already in the update
+
+    Tensors under min_compress_numel elements, and every tensor at density 1.0, send u dense instead (no v, no
+    masking): density 1.0 is momentum SGD exactly, as in the reference implementation. With `nesterov`, g + m·u
+    takes u's place in what is accumulated or sent.
+
+    Readings. Clipping is per tensor: the hook sees one parameter at a time, not the rank's whole gradient (the
+    paper's sum of squares); the reference implementation clips per tensor too. Weight decay joins g after clipping
+    and before the momentum, so it is sparsified with g (the reference's optimizer instead keeps a separate dense
+    momentum for the decay term). Padding entries are counted in the payload bytes: they are on the wire.
+    Train records gain `density` and `kept_fraction` (sparse payload slots that carried a value).
+    """
+
+    name = "dgc"
+    family = "data-parallel-compressed"
+    summary = "Deep Gradient Compression: momentum-corrected top-0.1% sparsification with warm-up (Lin et al. 2018)"
+    Params = DGCParams
+
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx)
+        # momentum and weight decay are applied in DGCMemory, before sparsification
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=ctx.params.lr, momentum=0.0, weight_decay=0.0)
+
+    def make_compressor(self) -> DGCCompressor:
+        p = self.ctx.params
+        return DGCCompressor(p.density, p.warmup_epochs, p.sample_fraction, p.fp16_values, p.min_compress_numel,
+                             seed=self.ctx.seed * 65_537 + self.ctx.rank)
+
+    def make_memory(self) -> DGCMemory:
+        p = self.ctx.params
+        clip = None if p.clip_norm is None else p.clip_norm / math.sqrt(self.ctx.world_size)
+        return DGCMemory(self.compressor, p.momentum, p.weight_decay, p.nesterov and p.momentum > 0, clip,
+                         p.momentum_masking)
+
+    def dense_names(self) -> set[str]:
+        return set()  # small tensors go dense inside DGCCompressor, still through the memory's momentum
+
+    def train_step(self, batch: Batch) -> StepStats:
+        self.compressor.epoch = batch.epoch
+        stats = super().train_step(batch)
+        stats.extra.update(self.compressor.pop_stats())
+        return stats

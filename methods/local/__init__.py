@@ -1,0 +1,1 @@
+"""Local Parallelism: chunks trained by local losses, and their parts (chunking, auxiliary heads)."""

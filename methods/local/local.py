@@ -1,0 +1,141 @@
+"""Local Parallelism (Laskin et al. 2020): chunks trained by local losses, activations flowing forward only."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from harness.comm.channel import Receiver, Sender
+from harness.data.tensors import Batch, TensorData
+from harness.method import EvalResult, Method, RunContext, StepStats, TrainParams
+from harness.run.training import make_sgd
+from methods.blocks import classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes
+from methods.local.parts import chunk_ranges, make_head
+
+
+class LocalParams(TrainParams):
+    variant: Literal["chunked", "greedy", "overlapping"] = "chunked"
+    chunks: int | None = Field(default=None, ge=1,
+                               description="number of chunks; default: the world size (2 in the virtual mode)")
+    depth: int = Field(default=4, ge=1, description="activations in flight between two ranks, at most")
+    head: Literal["auto", "dgl", "linear", "mlp"] = "auto"
+    head_hidden: int = Field(default=128, ge=1)
+
+
+class Local(Method):
+    """Local parallelism. The block list is cut into chunks c = 1..C; chunk c has an auxiliary head (the last
+    chunk ends with the network's own classifier) and its own optimizer. For every global batch (x, y):
+
+        h_0 = x
+        for each chunk c (on its own rank, concurrently):
+            h_c = f_c(stopgrad(h_{c-1}))              h_{c-1} arrives from rank c-1 with its sample ids
+            L_c = CE(head_c(h_c), y[ids])             labels come from the chunk's own data pipeline
+            w_c <- SGD(w_c, grad L_c)                 no gradient crosses a chunk boundary
+            send h_c to rank c+1                      returns at once unless `depth` are already in flight
+
+    World size 1 with C > 1 chunks is the virtual mode: all chunks in one process, run in order every step, with the
+    same numerics (rank c+1 only ever sees h_c computed from w_c before its update, as here). The overlapping
+    variant shares a block between consecutive chunks, trained by both losses; it runs in the virtual mode only,
+    since two ranks cannot share one block's weights without synchronising them.
+    """
+
+    name = "local"
+    family = "local"
+    summary = "Local Parallelism: chunks with auxiliary heads, forward-only activations (Laskin et al. 2020)"
+    Params = LocalParams
+
+    @classmethod
+    def check_world_size(cls, world_size: int, params: LocalParams) -> str | None:
+        if world_size > 1 and params.variant == "overlapping":
+            return "the overlapping variant runs in the virtual mode only (world_size = 1)"
+        if world_size > 1 and params.chunks not in (None, world_size):
+            return f"chunks = {params.chunks} but world_size = {world_size}: one chunk per rank (or world_size 1)"
+        return super().check_world_size(world_size, params)
+
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx)
+        p = ctx.params
+        model = ctx.workload.make_model().to(ctx.device)  # built first, so it starts from sgd's initial weights
+        self.ranges = chunk_ranges(len(model), default_parts(p.chunks, ctx.world_size), p.variant)
+        if ctx.world_size > 1 and len(self.ranges) != ctx.world_size:
+            raise ValueError(f"local: the {p.variant} variant cuts the model's {len(model)} blocks into "
+                             f"{len(self.ranges)} chunks, but the run has {ctx.world_size} ranks (one chunk per rank)")
+        shapes = output_shapes(list(model), ctx.workload.train.inputs(torch.arange(2)).to(ctx.device))
+        self.blocks = [model[start:end] for start, end in self.ranges]
+        self.heads = [make_head(p.head, shapes[end - 1], ctx.workload.classes, p.head_hidden).to(ctx.device)
+                      for _, end in self.ranges[:-1]] + [nn.Identity()]
+        self.virtual = ctx.world_size == 1
+        self.mine = list(range(len(self.ranges))) if self.virtual else [ctx.rank]
+        parameters = {id(q): q for c in self.mine for m in (self.blocks[c], self.heads[c]) for q in m.parameters()}
+        self.optimizer = make_sgd(parameters.values(), p)  # shared blocks (overlapping) appear once
+        self.sender = self.receiver = None
+        if not self.virtual and ctx.rank < ctx.world_size - 1:
+            self.sender = Sender(ctx.comm, ctx.rank + 1, p.depth)
+        if not self.virtual and ctx.rank > 0:
+            self.receiver = Receiver(ctx.comm, ctx.rank - 1, shapes[self.ranges[ctx.rank][0] - 1])
+        self.shapes = shapes
+
+    def train_step(self, batch: Batch) -> StepStats:
+        device, loss_fn = self.ctx.device, self.ctx.workload.loss
+        if self.receiver is None:
+            h, ids = batch.inputs(), batch.indices
+        else:
+            h, ids = self.receiver.recv(len(batch))
+            if not torch.equal(ids, batch.indices):
+                raise RuntimeError(f"rank {self.ctx.rank}: activations of step {batch.step} carry other sample ids "
+                                   f"than the step's batch: the queue lost its order")
+        y = batch.targets(ids).to(device)
+        h = h.to(device)
+        losses = []
+        for c in self.mine:
+            h = self.blocks[c](h.detach())
+            losses.append(loss_fn(self.heads[c](h), y))
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.stack(losses).sum().backward()  # chunk inputs are detached: each loss reaches its own chunk only
+        self.optimizer.step()
+        extra: dict[str, Any] = {}
+        if self.virtual:
+            extra["chunk_losses"] = [loss.item() for loss in losses]
+        if self.sender is not None:
+            before = self.sender.stats.wait_s
+            self.sender.send(h.detach().cpu(), ids)
+            extra.update(queue_wait_s=self.sender.stats.wait_s - before, in_flight=self.sender.in_flight())
+        return StepStats(loss=losses[-1].item(), extra=extra)
+
+    def evaluate(self, test: TensorData) -> EvalResult | None:
+        """Every chunk's head on the whole test set, through the chain; the last chunk's is the method's number."""
+        loss_fn = self.ctx.workload.loss
+        rank_of = [0 if self.virtual else c for c in range(len(self.ranges))]
+        input_shapes = [()] + [self.shapes[start - 1] for start, _ in self.ranges[1:]]
+        with eval_mode([m for c in self.mine for m in (self.blocks[c], self.heads[c])]):
+            sums = evaluate_chain({c: self.blocks[c] for c in self.mine}, rank_of, input_shapes, test, self.ctx.comm,
+                                  self.ctx.params.eval_batch_size, self.ctx.device,
+                                  lambda c, h, y: classifier_sums(self.heads[c](h), y, loss_fn), width=2)
+        per_chunk = (sums / len(test)).tolist()
+        return EvalResult(accuracy=per_chunk[-1][0], loss=per_chunk[-1][1],
+                          extra={"head_accuracy": [a for a, _ in per_chunk], "head_loss": [lo for _, lo in per_chunk]})
+
+    def finish(self) -> None:
+        if self.sender is not None:
+            self.sender.drain()
+        if self.receiver is not None:
+            self.receiver.drain()
+
+    @property
+    def checkpointable(self) -> bool:
+        """Only the virtual (one-process) mode: with several ranks, activations in flight on the forward channel
+        are part of the state and are not saved."""
+        return self.virtual
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"blocks": [self.blocks[c].state_dict() for c in self.mine],
+                "heads": [self.heads[c].state_dict() for c in self.mine], "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for c, blocks, head in zip(self.mine, state["blocks"], state["heads"], strict=True):
+            self.blocks[c].load_state_dict(blocks)
+            self.heads[c].load_state_dict(head)
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,1 @@
+"""The reference methods: single-process SGD and DistributedDataParallel."""

@@ -1,0 +1,43 @@
+"""Data parallel training with DistributedDataParallel; gradients are averaged by an accounted all-reduce hook."""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from harness.data.tensors import Batch
+from harness.method import RunContext, TrainParams
+from harness.run.training import make_sgd
+from methods.reference.whole_model import WholeModelMethod
+
+
+class DDP(WholeModelMethod):
+    """Each of W ranks takes its 1/W shard of the global batch B:
+    g_r = grad L(w; B_r); g = (1/W) sum_r g_r (all-reduce, overlapped with backward by DDP); w <- SGD(w, g).
+    With equal shards, g is the gradient of the mean loss over B, so ddp follows sgd's trajectory.
+    """
+
+    name = "ddp"
+    family = "data-parallel"
+    summary = "DistributedDataParallel with an accounted all-reduce hook (fp32)"
+
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx)
+        model = ctx.workload.make_model().to(ctx.device)
+        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        self.model = DistributedDataParallel(model, device_ids=device_ids, process_group=ctx.comm.group)
+        self.register_hook()
+        self.optimizer = make_sgd(self.model.parameters(), ctx.params)
+
+    def register_hook(self) -> None:
+        """Install the communication hook; compression methods override this with their own."""
+        self.model.register_comm_hook(None, self.ctx.comm.allreduce_hook)
+
+    @classmethod
+    def check_world_size(cls, world_size: int, params: TrainParams) -> str | None:
+        if params.batch_size % world_size:
+            return f"batch_size {params.batch_size} is not divisible by world_size {world_size}"
+        return super().check_world_size(world_size, params)
+
+    def local_batch(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch.shard(self.ctx.rank, self.ctx.world_size)
