@@ -1,4 +1,4 @@
-"""Report generation (`harness.report.write_report`) for a results folder of 20 runs, generated in setup_cache."""
+"""Report generation (`harness.report.build.write_report`) for a results folder of 20 runs, generated in setup_cache."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from harness.report import write_report  # at import: asv's forkserver then imports pandas and seaborn once
+from harness.report.build import write_report  # at import: asv's forkserver then imports pandas and seaborn once
 
 METHODS = [("sgd", 1, 0), ("ddp", 2, 104_488), ("qsgd", 2, 14_000), ("terngrad", 2, 6_600), ("dgc", 2, 900)]
 SEEDS = [0, 1, 2, 3]  # 5 methods x 4 seeds = 20 runs
