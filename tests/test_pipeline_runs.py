@@ -75,6 +75,9 @@ def test_pipeline_suite_end_to_end(tmp_path):
         assert all(r["loss"] is None for r in train if r["rank"] == 0)  # the first stage computes no loss
         assert all(isinstance(r["loss"], float) for r in train if r["rank"] == 1)
         assert sorted({r["step"] for r in records if r["kind"] == "trace"}) == [1, 2, 3]
+        assert {r["worker"] for r in records if r["kind"] == "trace"} == {0, 1}
+        trace = json.loads((run_dir / "trace.json").read_text())
+        assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {0, 1}
         evals = [r for r in records if r["kind"] == "eval"]
         assert [e["step"] for e in evals] == [0, 4, 7]  # the last one after PipeDream's drain
         partition = json.loads((run_dir / "partition.json").read_text())
