@@ -44,7 +44,7 @@ def chrome_trace(steps: Mapping[int, Mapping[int, Iterable[TraceEvent]]]) -> dic
     out: list[dict[str, Any]] = []
     tracks: set[tuple[int, int, int, int]] = set()
     sends: dict[tuple, dict[str, Any]] = {}
-    flows = 0
+    receives: list[tuple[tuple, dict[str, Any]]] = []
     for step, rank, e in all_events:
         tid = track(e)
         tracks.add((rank, tid, e.stage, e.lane))
@@ -53,18 +53,17 @@ def chrome_trace(steps: Mapping[int, Mapping[int, Iterable[TraceEvent]]]) -> dic
         out.append({"name": name, "cat": e.op, "ph": "X", "ts": ts, "dur": dur, "pid": rank, "tid": tid,
                     "args": {"step": step, "mb": e.mb, "iteration": e.iteration, "version": e.version}})
         message = message_id(e)
-        if message is None:
-            continue
-        anchor = {"pid": rank, "tid": tid, "ts": ts + dur / 2}
-        if e.op.startswith("send"):
-            sends[(step, *message)] = anchor
-        elif (step, *message) in sends:
-            flows += 1
-            kind = message[0]
-            common = {"name": f"{kind} {message[1]}→{message[1] + (1 if kind == 'act' else -1)}", "cat": "message",
-                      "id": flows}
-            out.append({**common, "ph": "s", **sends.pop((step, *message))})
-            out.append({**common, "ph": "f", "bp": "e", **anchor})
+        if message is not None:
+            anchor = {"pid": rank, "tid": tid, "ts": ts + dur / 2}
+            if e.op.startswith("send"):
+                sends[(step, *message)] = anchor
+            else:
+                receives.append(((step, *message), anchor))
+    for flow, (key, anchor) in enumerate((k, a) for k, a in receives if k in sends):
+        kind, stage = key[1], key[2]
+        common = {"name": f"{kind} {stage}→{stage + (1 if kind == 'act' else -1)}", "cat": "message", "id": flow + 1}
+        out.append({**common, "ph": "s", **sends[key]})
+        out.append({**common, "ph": "f", "bp": "e", **anchor})
     for rank in sorted({r for r, _, _, _ in tracks}):
         out.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
     for rank, tid, stage, lane in sorted(tracks):

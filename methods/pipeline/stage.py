@@ -119,15 +119,13 @@ class Stage:
         Returns the gradient w.r.t. the stage input (None on the first stage)."""
         saved = self._saved.pop(key)
         x = saved.inputs
-        if self.backward_mode == "current":  # recompute with the live weights, buffers (BN statistics) untouched
+        buffers = None
+        if self.backward_mode == "current":  # recompute with the live weights; buffers (BN statistics) restored below
             buffers = {name: b.clone() for name, b in self.module.named_buffers()}
             if not self.first:
                 x = x.detach().requires_grad_(True)
             with torch.enable_grad():
                 output = self._run(x, None, saved.targets, saved.scale)
-            with torch.no_grad():
-                for name, b in self.module.named_buffers():
-                    b.copy_(buffers[name])
             weights = None
         else:
             output, weights = saved.output, saved.weights
@@ -136,6 +134,10 @@ class Stage:
         else:  # a stash or a prediction: its leaves collect the gradient, which then moves to the live parameters
             wrt = [weights[name] for name in self._params]
         torch.autograd.backward(output, grad_output, inputs=wrt if self.first else [*wrt, x])
+        if buffers is not None:  # the recompute counted the microbatch in the running statistics again: undo it
+            with torch.no_grad():
+                for name, b in self.module.named_buffers():
+                    b.copy_(buffers[name])
         if weights is not None:
             for p, w in zip(self._params.values(), wrt, strict=True):
                 if w.grad is None:
