@@ -77,7 +77,7 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     if not heads.empty:
         plots["head_accuracy.png"] = local.plot_head_accuracy(heads)
     plots.update(pipeline.gantt_figures(used))
-    sections = []
+    sections = [section for section in [pipeline.pipeline_html(used, used_table, out_dir)] if section]
     if used_table["network"].nunique() > 1:
         speedups = network.network_speedup(used_table, baseline_label)
         speedups.to_csv(out_dir / "network_speedup.csv", index=False)

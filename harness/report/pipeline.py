@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import html
 import math
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -114,3 +117,35 @@ def gantt_figures(runs: Sequence[RunResult]) -> dict[str, Figure]:
             chosen[run.label] = run
     return {f"gantt_{safe_name(label)}.png": plot_gantt(run) for label, run in sorted(chosen.items())}
 
+
+
+def pipeline_html(runs: Sequence[RunResult], table: pd.DataFrame, report_dir: Path) -> str:
+    """The 'Pipelines' section: per pipeline label the measured bubble and the peak bytes a stage held (activations,
+    weight versions), means over seeds, and a link to each run's trace.json (open it in Perfetto or
+    chrome://tracing); '' when no run is a pipeline."""
+    rows = table[table["family"] == "pipeline"]
+    if rows.empty:
+        return ""
+    e = html.escape
+    shown = rows.groupby("label", sort=False)[["bubble", "peak_activation_bytes", "peak_weight_bytes"]].mean()
+    body = "".join(f"<tr><td>{e(str(label))}</td><td>{_fmt(r.bubble, '.3f')}</td>"
+                   f"<td>{_fmt(r.peak_activation_bytes, ',.0f')}</td><td>{_fmt(r.peak_weight_bytes, ',.0f')}</td></tr>"
+                   for label, r in shown.iterrows())
+    links = []
+    for run in runs:
+        trace = run.run_dir / "trace.json"
+        if trace.exists():
+            target = os.path.relpath(trace, report_dir)
+            links.append(f'<li><a href="{e(target)}">{e(run.run_dir.name)}/trace.json</a></li>')
+    traces = (f"<p>Traced steps in the Chrome trace format (a track per rank, stage and lane; messages as arrows): "
+              f"open in Perfetto (ui.perfetto.dev) or chrome://tracing.</p><ul>{''.join(links)}</ul>" if links else "")
+    return f"""<h2>Pipelines</h2>
+<p>Bubble: the measured idle share of a step (multi-process runs). Peak bytes: the most a stage held in any step, over
+stages and seeds' mean: stored activations for backwards, and stashed or predicted weight versions.</p>
+<table><tr><th>label</th><th>bubble</th><th>peak activation bytes</th><th>peak weight bytes</th></tr>{body}</table>
+{traces}
+"""
+
+
+def _fmt(value: float, spec: str) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
