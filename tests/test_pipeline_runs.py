@@ -93,6 +93,7 @@ def test_pipeline_suite_end_to_end(tmp_path):
     assert (table["peak_activation_bytes"] > 0).all()
     assert table.set_index("method")["peak_weight_bytes"].to_dict()["gpipe"] == 0  # no stash: live weights only
     page = (out / "pipes" / "report" / "index.html").read_text()
-    assert "<h2>Pipelines</h2>" in page and 'href="../gpipe-digits-mlp-w2-microbatches4-trace_steps3-s0/trace.json"' in page
+    assert "<h2>Pipelines</h2>" in page
+    assert 'href="../gpipe-digits-mlp-w2-microbatches4-trace_steps3-s0/trace.json"' in page
     assert {p.name for p in (out / "pipes" / "report").glob("gantt_*.png")} == {
         "gantt_gpipe_microbatches_4_trace_steps_3_x2.png", "gantt_pipedream_trace_steps_3_x2.png"}
