@@ -74,6 +74,8 @@ class PipelineMethod(Method):
     sync_mean: ClassVar[bool] = False
     #: Whether `replicas = "auto"` may let PipeDream's DP choose stages and replicas (methods that replicate).
     plans_replication: ClassVar[bool] = False
+    #: The class of each stage (a subclass may run a stage's forwards and backwards on two threads: qfb's lanes).
+    stage_class: ClassVar[type[Stage]] = Stage
 
     # -- what the suite may ask for ------------------------------------------------------------------------------------
     @classmethod
@@ -186,8 +188,9 @@ class PipelineMethod(Method):
         if copy:  # another replica in the virtual mode: its own copy of the same weights
             module = copy_module(module)
         optimizer = self.make_optimizer(s, module)
-        return Stage(s, self.num_stages, module, optimizer, self.make_policy(s, self.num_stages, module, optimizer),
-                     self.ctx.workload.loss, self.backward_mode)
+        policy = self.make_policy(s, self.num_stages, module, optimizer)
+        return self.stage_class(s, self.num_stages, module, optimizer, policy, self.ctx.workload.loss,
+                                self.backward_mode)
 
     def _replica_comms(self, comm: Communicator) -> dict[int, Communicator]:
         """A communicator per replicated stage, over its replicas (collective: every rank creates every group)."""

@@ -188,11 +188,12 @@ class Stage:
         return len(self._saved)
 
     def held(self) -> Memory:
-        """What the stage holds now for backwards still to come."""
-        weights = {id(s.weights) for s in self._saved.values() if s.weights is not None}
+        """What the stage holds now for backwards still to come (a snapshot of the saved microbatches, taken in one
+        step, so that another thread may add or remove one meanwhile)."""
+        saved = list(self._saved.values())
+        weights = {id(s.weights) for s in saved if s.weights is not None}
         versions = max(len(weights), self.policy.held())
-        return Memory(sum(s.activation_bytes for s in self._saved.values()), len(self._saved),
-                      versions * self.param_bytes)
+        return Memory(sum(s.activation_bytes for s in saved), len(saved), versions * self.param_bytes)
 
     def _note_memory(self) -> None:
         now = self.held()

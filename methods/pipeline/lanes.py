@@ -1,0 +1,168 @@
+"""Lanes: a stage's forwards and backwards run at the same time on two threads of one rank, on the same weights."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
+from typing import Any
+
+import torch
+
+from harness.comm.communicator import Communicator
+from methods.pipeline.executor import Microbatches, ProcessExecutor, Trace, Wire
+from methods.pipeline.placement import Placement
+from methods.pipeline.schedule import Action, Op, Schedule
+from methods.pipeline.stage import Key, Stage
+
+FORWARD_LANE, BACKWARD_LANE = 0, 1
+#: The ops of the forward lane; every other op (receive and send gradients, backward, sync, update) is the backward's.
+FORWARD_OPS = (Op.RECV_ACT, Op.FORWARD, Op.SEND_ACT)
+
+
+def lane_of(action: Action) -> int:
+    """0 (the forward lane) for receiving, computing and sending activations; 1 (the backward lane) otherwise."""
+    return FORWARD_LANE if action.op in FORWARD_OPS else BACKWARD_LANE
+
+
+def split(actions: Sequence[Action]) -> tuple[list[Action], list[Action]]:
+    """One rank's action list -> (forward lane, backward lane), each in the list's order."""
+    lanes: tuple[list[Action], list[Action]] = ([], [])
+    for a in actions:
+        lanes[lane_of(a)].append(a)
+    return lanes
+
+
+def labelled(trace: Trace) -> Trace:
+    """The trace with every event's `lane` set from its op (for a list run in one thread, as in the virtual mode)."""
+    backward_ops = {op.value for op in Op if op not in FORWARD_OPS}
+    return Trace([e._replace(lane=BACKWARD_LANE if e.op in backward_ops else FORWARD_LANE) for e in trace.events])
+
+
+class LaneStage(Stage):
+    """A Stage whose forwards and backwards may run on two threads at once. They share the module, hence the weights
+    (no copy); the backward of microbatch `key` waits until its forward is done (`version_of`, which the executor
+    calls first, blocks until then), which only matters at the last stage: elsewhere the output gradient arrives
+    after the forward by construction. `abort()` wakes a waiting backward with an error (the other lane failed)."""
+
+    #: Seconds a backward waits for its forward before it gives up (a lost forward would otherwise hang the rank).
+    wait_s = 600.0
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.forwarded: set[Key] = set()
+        self.failed: str | None = None
+        self.done = threading.Condition()
+
+    def forward(self, key: Key, x: torch.Tensor, y: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
+        out = super().forward(key, x, y, scale)
+        with self.done:
+            self.forwarded.add(key)
+            self.done.notify_all()
+        return out
+
+    def version_of(self, key: Key) -> int:
+        with self.done:
+            if not self.done.wait_for(lambda: key in self.forwarded or self.failed is not None, self.wait_s):
+                raise RuntimeError(f"stage {self.index}: the forward of microbatch {key} did not run within "
+                                   f"{self.wait_s:.0f} s")
+            if self.failed is not None:
+                raise RuntimeError(f"stage {self.index}: {self.failed}")
+        return super().version_of(key)
+
+    def backward(self, key: Key, grad_output: torch.Tensor | None = None) -> torch.Tensor | None:
+        grad = super().backward(key, grad_output)
+        with self.done:
+            self.forwarded.discard(key)
+        return grad
+
+    def abort(self, reason: str) -> None:
+        with self.done:
+            self.failed = reason
+            self.done.notify_all()
+
+
+class LaneThread:
+    """A daemon thread that runs the callables given to `submit` one after another, with its own intra-op thread
+    count (torch's OpenMP thread count is per calling thread)."""
+
+    def __init__(self, name: str, threads: int):
+        self.jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future] | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, args=(threads,), name=name, daemon=True)
+        self.thread.start()
+
+    def _loop(self, threads: int) -> None:
+        torch.set_num_threads(threads)
+        while (job := self.jobs.get()) is not None:
+            fn, future = job
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as error:  # noqa: BLE001 - handed to the caller through the future
+                    future.set_exception(error)
+
+    def submit(self, fn: Callable[[], Any]) -> Future:
+        future: Future = Future()
+        self.jobs.put((fn, future))
+        return future
+
+    def close(self) -> None:
+        self.jobs.put(None)
+
+
+class LaneExecutor:
+    """Runs one rank's action list as two lanes at once: the forward lane (receive activations, forward, send them
+    on) and the backward lane (receive gradients, backward, send gradients back, update), each a ProcessExecutor on
+    its own LaneThread with its own communicator (process group; the two share the rank's byte ledger). The stages
+    are shared: LaneStages. `run` returns the merged trace, each event labelled with its lane. If a lane fails, the
+    stages are aborted and its error is raised at once (the other lane may be blocked in a receive)."""
+
+    def __init__(self, rank: int, stages: Mapping[int, LaneStage], comms: Sequence[Communicator],
+                 placement: Placement, wire: Wire, threads: int):
+        self.stages, self.wire = dict(stages), wire
+        self.executors = [ProcessExecutor(rank, stages, comm, placement, wire) for comm in comms]
+        self.threads = [LaneThread(f"qfb-lane{lane}", threads) for lane in (FORWARD_LANE, BACKWARD_LANE)]
+
+    def run(self, actions: Sequence[Action], views: Mapping[int, Microbatches]) -> Trace:
+        futures = [thread.submit(lambda ex=executor, lane=lane: ex.run(lane, views))
+                   for thread, executor, lane in zip(self.threads, self.executors, split(actions), strict=True)]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        for lane, future in enumerate(futures):
+            if future.done() and future.exception() is not None:
+                for stage in self.stages.values():
+                    stage.abort(f"lane {lane} failed: {future.exception()}")
+                raise future.exception()
+        traces = [future.result() for future in futures]
+        events = [e._replace(lane=lane) for lane, trace in enumerate(traces) for e in trace.events]
+        return Trace(sorted(events, key=lambda e: e.start))
+
+    def flush(self) -> None:
+        for executor in self.executors:
+            executor.flush()
+
+    def close(self) -> None:
+        for thread in self.threads:
+            thread.close()
+
+
+class SingleRankLanes:
+    """The virtual mode's executor interface (a schedule in, one trace per rank out) for a pipeline of one rank
+    (one stage, no messages): its lanes run as real threads, as on a rank of a multi-process run."""
+
+    def __init__(self, lanes: LaneExecutor):
+        self.lanes = lanes
+
+    def run(self, schedule: Schedule, views: Mapping[int, Microbatches]) -> list[Trace]:
+        return [self.lanes.run(schedule[0], views)]
+
+
+class LabelledLanes:
+    """The virtual executor of a several-rank pipeline with lanes: every rank's list runs in this one thread (the
+    lanes simulated, same numerics), its trace labelled with lanes."""
+
+    def __init__(self, executor: Any):
+        self.executor = executor
+
+    def run(self, schedule: Schedule, views: Mapping[int, Microbatches]) -> list[Trace]:
+        return [labelled(trace) for trace in self.executor.run(schedule, views)]

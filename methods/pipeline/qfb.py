@@ -1,0 +1,229 @@
+"""Q-FB pipeline (Computing 2022): forward and backward lanes in parallel on shared weights, accumulated updates,
+quantized activations and 2-Step GC gradients."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from harness.data.tensors import Batch
+from harness.method import RunContext, StepStats
+from methods.pipeline.codecs import Codec, make_codec
+from methods.pipeline.interleaver import validate
+from methods.pipeline.lanes import LabelledLanes, LaneExecutor, LaneStage, SingleRankLanes
+from methods.pipeline.method import CodecName, PipelineMethod, PipelineParams
+from methods.pipeline.placement import place
+from methods.pipeline.schedule import Action, Op, Schedule, backward_unit, forward_unit
+from methods.pipeline.two_step import TwoStep
+from methods.pipeline.versions import Live, WeightPolicy, Weights
+
+Sync = Literal["exact", "bounded"]
+
+
+class QFBParams(PipelineParams):
+    microbatches: int = Field(default=4, ge=1, description="microbatches per window (one update per window)")
+    lanes: Literal[1, 2] = Field(default=2, description="2: forward and backward lanes run at once (Q-FB); "
+                                                        "1: one thread runs both in turn (the ablation)")
+    lane_threads: int | None = Field(default=None, ge=1, description="intra-op threads of each lane; default: "
+                                                                     "the rank's threads / lanes (at least 1)")
+    activation_codec: CodecName = Field(default="int8", description="how activations cross stages (none = fp32)")
+    gradient_codec: CodecName | Literal["2step"] = Field(
+        default="2step", description="how activation gradients cross stages: '2step' (top-k with error feedback, "
+                                     "then int8) or a plain codec")
+    density: float = Field(default=0.1, gt=0, le=1, description="2-Step GC: the share of entries kept (step 1)")
+    feedback: bool = Field(default=True, description="2-Step GC: carry what was not sent into the next message")
+    sync: Sync = Field(default="exact", description="'exact': the next window's forwards wait for the update "
+                                                    "(= sgd); 'bounded': they run before it, one version stale")
+
+
+def qfb_tick(stage: int, stages: int, microbatches: int, window: int | None, sync: Sync) -> list[Action]:
+    """Stage `stage`'s actions in runner step `window` (None: the drain after the last step).
+
+    exact: the forwards and the backwards of window t, merged as 1F1B merges them (S-1-s forwards first; the order
+        one lane would run them in), then the update. The lanes split the list by op (methods/pipeline/lanes.py).
+    bounded: the forwards of window t and the backwards of window t-1 (none at t = 0), one of each in turn, then the
+        update of window t-1; the drain runs the backwards and update of the last window.
+    Microbatch m of window t is Action(..., mb=m, iteration=t)."""
+    if sync == "exact":
+        forward_window, backward_window, warmup = window, window, min(stages - 1 - stage, microbatches)
+    else:
+        forward_window = window
+        backward_window = None if window == 0 else (window - 1 if window is not None else None)
+        warmup = 0
+    forwards = [forward_unit(stage, stages, m, forward_window) for m in range(microbatches)] \
+        if forward_window is not None else []
+    backwards = [backward_unit(stage, stages, m, backward_window) for m in range(microbatches)] \
+        if backward_window is not None else []
+    actions = [a for unit in forwards[:warmup] for a in unit]
+    for k in range(max(len(forwards) - warmup, len(backwards))):
+        actions += forwards[warmup + k] if warmup + k < len(forwards) else []
+        actions += backwards[k] if k < len(backwards) else []
+    return actions + ([Action(Op.UPDATE, stage)] if backwards else [])
+
+
+def qfb_drain(stage: int, stages: int, microbatches: int, last_window: int) -> list[Action]:
+    """bounded: the backwards and update of the last window, after the last step."""
+    return [a for m in range(microbatches) for a in backward_unit(stage, stages, m, last_window)] + [
+        Action(Op.UPDATE, stage)]
+
+
+class OneVersionBehind(WeightPolicy):
+    """`sync = "bounded"`: the forwards of window t run on a copy of the weights taken when the window opens, before
+    the update of window t-1 is applied, i.e. version t-1 (version k = after k updates); the backwards of window t
+    differentiate that copy and their gradient updates the live weights. So W(t+1) = W(t) - lr · g(W(t-1)), the
+    delay of PipeDream-2BW (Narayanan et al., ICML 2021), with W(-1) = W(0). At most two copies are held: the open
+    window's and the one whose backwards still run."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__(module)
+        self.copies: dict[int, tuple[int, Weights]] = {}  # window -> (version, weights)
+        self.current = -1
+
+    def open_window(self, window: int) -> None:
+        """Copy the live weights for the forwards of `window`; drop the copies windows before window-1 used."""
+        weights = {name: p.detach().clone().requires_grad_(p.requires_grad)
+                   for name, p in self.module.named_parameters()}
+        self.copies[window] = (self.version, weights)
+        self.current = window
+        for old in [w for w in self.copies if w < window - 1]:
+            del self.copies[old]
+
+    def forward(self, mb: int) -> tuple[int, Weights | None]:
+        return self.copies[self.current]
+
+    def held(self) -> int:
+        return len(self.copies)
+
+    def needs_stash(self) -> bool:
+        return True
+
+
+class QFB(PipelineMethod):
+    """The Q-FB pipeline. Only the paper's abstract is public; this is the reading taken (docs/methods.md, Q-FB):
+
+    for each window (runner step) t of M microbatches, at every stage s, at the same time:
+        forward lane:  receive activation (int8) -> forward(t, m) -> send activation (int8), m = 0..M-1
+        backward lane: receive gradient (2-Step GC) -> backward(t, m) -> send gradient (2-Step GC), m = 0..M-1,
+                       the parameter gradients accumulating in .grad; then one update
+    Both lanes are threads of the stage's rank with their own intra-op threads and their own process group; they
+    share the stage's module (the weights: no copy, no stash) and its autograd graphs. exact: the next window's
+    forwards wait for the update, so with codecs off the step equals sgd on the minibatch (BN-free models). bounded:
+    the forward lane runs window t while the backward lane finishes window t-1 (OneVersionBehind, one weight copy
+    per window). lanes = 1 runs the same list in one thread (1F1B with a flush, when exact). Every part is a switch:
+    lanes, activation_codec, gradient_codec (with density and feedback), sync."""
+
+    name = "qfb"
+    summary = "Q-FB: forward and backward lanes in parallel on shared weights, int8 activations, 2-Step GC gradients"
+    Params: ClassVar[type[QFBParams]] = QFBParams
+    stage_class = LaneStage
+
+    @classmethod
+    def check_world_size(cls, world_size: int, params: QFBParams) -> str | None:
+        if params.replicas is not None and params.replicas != [1] * len(params.replicas):
+            return "qfb does not replicate stages (leave replicas unset)"
+        if params.microbatches > params.batch_size:
+            return f"microbatches = {params.microbatches} exceeds batch_size = {params.batch_size}"
+        return super().check_world_size(world_size, params)
+
+    def make_policy(self, stage: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer
+                    ) -> WeightPolicy:
+        return Live(module) if self.ctx.params.sync == "exact" else OneVersionBehind(module)
+
+    def make_codec(self, kind: str) -> Codec:
+        params = self.ctx.params
+        if kind == "grad" and params.gradient_codec == "2step":
+            return TwoStep(params.density, params.feedback)
+        return make_codec(params.activation_codec if kind == "act" else params.gradient_codec)
+
+    def microbatch_size(self) -> int:
+        return max(1, self.ctx.params.batch_size // self.ctx.params.microbatches)
+
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx)
+        params = ctx.params
+        self.windows = 0  # runner steps taken (windows opened)
+        check = [self.rank_schedule(t) for t in range(3)]
+        validate([[a for lists in check for a in lists[r]] + (self.drain_schedule(2)[r] if params.sync == "bounded"
+                                                              else []) for r in range(self.placement.world_size)],
+                 self.placement)
+        self.lane_threads = params.lane_threads or max(1, torch.get_num_threads() // params.lanes)
+        self.lanes = None
+        if params.lanes == 2:
+            mine = {s: stage for (_, s), stage in self.workers.items()}
+            if self.virtual and self.num_stages > 1:
+                self.executor = LabelledLanes(self.executor)
+            else:  # one process group per lane, created by every rank in the same order
+                comms = [ctx.comm.subgroup(list(range(ctx.world_size))) for _ in range(2)]
+                self.lanes = LaneExecutor(ctx.rank, mine, comms, self.placement, self.executor.wire,
+                                          self.lane_threads)
+                self.executor = SingleRankLanes(self.lanes) if self.virtual else self.lanes
+
+    # -- schedule --------------------------------------------------------------------------------------------------
+    def rank_schedule(self, window: int) -> Schedule:
+        p = self.ctx.params
+        return place([qfb_tick(s, self.num_stages, p.microbatches, window, p.sync) for s in range(self.num_stages)],
+                     self.placement)
+
+    def drain_schedule(self, last_window: int) -> Schedule:
+        m = self.ctx.params.microbatches
+        return place([qfb_drain(s, self.num_stages, m, last_window) for s in range(self.num_stages)],
+                     self.placement)
+
+    def _open_window(self, window: int) -> None:
+        for stage in self.workers.values():
+            stage.policy.open_window(window)
+
+    # -- steps -----------------------------------------------------------------------------------------------------
+    def train_step(self, batch: Batch) -> StepStats:
+        p, t = self.ctx.params, batch.step
+        sizes = [len(part) for part in torch.tensor_split(batch.indices, p.microbatches)]
+        views = self.views(batch, sizes, list(range(p.microbatches)), iteration=t)
+        if p.sync == "bounded":
+            self._open_window(t)
+            for view in views.values():  # the backwards of window t-1 receive gradients of the same sizes
+                view.sizes.update({(t - 1, m): size for m, size in enumerate(sizes)})
+        self.windows = t + 1
+        return self.run(self.rank_schedule(t), views, t)
+
+    def end_training(self) -> None:
+        """bounded: run the backwards and update of the last window, so every minibatch of the budget is applied."""
+        if self.ctx.params.sync != "bounded" or self.windows == 0:
+            return
+        last, p = self.windows - 1, self.ctx.params
+        sizes = [len(part) for part in torch.tensor_split(torch.arange(p.batch_size), p.microbatches)]
+        empty = Batch(self.windows, 0.0, torch.zeros(0, dtype=torch.long), self.ctx.workload.train)
+        views = self.views(empty, [], [], iteration=last)
+        for view in views.values():
+            view.sizes.update({(last, m): size for m, size in enumerate(sizes)})
+        self.run(self.drain_schedule(last), views, -1)
+
+    # -- checkpoints (exact only: bounded has a window in flight between steps) --------------------------------------
+    @property
+    def checkpointable(self) -> bool:
+        return self.ctx.params.sync == "exact"
+
+    def state_dict(self) -> dict[str, Any]:
+        wire = self.executor_wire()
+        return {"stages": {f"{r}.{s}": {"module": st.module.state_dict(), "optimizer": st.optimizer.state_dict()}
+                           for (r, s), st in self.workers.items()},
+                "activation_codec": wire.activation.state_dict(), "gradient_codec": wire.gradient.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for (r, s), st in self.workers.items():
+            st.module.load_state_dict(state["stages"][f"{r}.{s}"]["module"])
+            st.optimizer.load_state_dict(state["stages"][f"{r}.{s}"]["optimizer"])
+        wire = self.executor_wire()
+        wire.activation.load_state_dict(state["activation_codec"])
+        wire.gradient.load_state_dict(state["gradient_codec"])
+
+    def executor_wire(self) -> Any:
+        return self.lanes.wire if self.lanes is not None else (
+            self.executor.executor.wire if isinstance(self.executor, LabelledLanes) else self.executor.wire)
+
+    def finish(self) -> None:
+        super().finish()
+        if self.lanes is not None:
+            self.lanes.close()

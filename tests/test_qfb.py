@@ -1,0 +1,170 @@
+"""Q-FB: exact sync equals sgd (1 and 2 stages, 1 and 2 lanes, virtual and 2 processes), bounded sync is
+PipeDream-2BW's one-step delay, the lanes overlap, the schedule is valid."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from _dist import context, spawn
+from harness.data.tensors import Batch, DataOrder
+from methods.pipeline.interleaver import validate
+from methods.pipeline.placement import Placement
+from methods.pipeline.qfb import qfb_drain, qfb_tick
+from methods.pipeline.schedule import compute_order
+
+OFF = {"activation_codec": "none", "gradient_codec": "none"}
+
+
+def _make(rank=0, world_size=1, params=None, records=None, workload="digits-mlp", options=None):
+    cls, ctx = context("qfb", rank, world_size, params, workload=workload, options=options)
+    if records is not None:
+        ctx.log = lambda kind, **fields: records.append((kind, fields))
+    return cls(ctx)
+
+
+def _train(method, steps, batch_size=32):
+    data = method.ctx.workload.train
+    order = DataOrder(len(data), batch_size, seed=0)
+    losses = [method.train_step(Batch(t, t / order.steps_per_epoch, order.batch(t), data, 0)).loss
+              for t in range(steps)]
+    method.end_training()
+    return losses
+
+
+def _flat(method):
+    stages = method.stages
+    return torch.cat([p.detach().flatten() for s in sorted(stages) for p in stages[s].module.parameters()])
+
+
+def _sgd_flat(steps):
+    cls, ctx = context("sgd", 0, 1, {"momentum": 0.9})
+    sgd = cls(ctx)
+    _train(sgd, steps)
+    return torch.cat([p.detach().flatten() for p in sgd.model.parameters()])
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+@pytest.mark.parametrize("stages,micro", [(1, 4), (2, 4), (3, 3)])
+def test_exact_qfb_with_codecs_off_equals_sgd(lanes, stages, micro):
+    """Accumulated updates without loss of precision: after 4 steps the parameters equal sgd's (momentum 0.9)."""
+    reference = _sgd_flat(4)
+    method = _make(params={**OFF, "stages": stages, "microbatches": micro, "lanes": lanes, "momentum": 0.9})
+    _train(method, 4)
+    torch.testing.assert_close(_flat(method), reference, rtol=0, atol=1e-6)
+    method.finish()
+
+
+def _ranks(rank, world_size, params, steps):
+    records = []
+    method = _make(rank, world_size, params, records)
+    losses = _train(method, steps)
+    method.finish()
+    flat = torch.cat([p.detach().flatten() for p in method.stages[rank].module.parameters()])
+    traces = [f for kind, f in records if kind == "trace"]
+    return flat, losses, traces, method.ctx.comm.ledger.by_category()
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_exact_qfb_on_two_processes_equals_sgd(lanes):
+    reference = _sgd_flat(4)
+    params = {**OFF, "microbatches": 4, "lanes": lanes, "momentum": 0.9, "trace_steps": 3}
+    results = spawn(_ranks, 2, params, 4)
+    torch.testing.assert_close(torch.cat([results[0][0], results[1][0]]), reference, rtol=0, atol=1e-6)
+    assert all(loss is None for loss in results[0][1]) and all(isinstance(v, float) for v in results[1][1])
+
+
+def _overlaps(events, stage):
+    forwards = [e for e in events if e.op == "forward" and e.stage == stage]
+    backwards = [e for e in events if e.op == "backward" and e.stage == stage]
+    return [(f, b) for f in forwards for b in backwards if f.mb != b.mb and f.start < b.end and b.start < f.end]
+
+
+def test_the_lanes_overlap_on_two_processes_and_are_labelled():
+    """The traces show a forward and a backward of different microbatches of one stage running at the same time,
+    each on its lane; with lanes = 1 nothing overlaps."""
+    params = {"microbatches": 8, "lanes": 2, "trace_steps": 3, "batch_size": 64}
+    results = spawn(_ranks, 2, params, 4)
+    for rank, (_, _, traces, _) in enumerate(results):
+        events = [e for t in traces for e in t["events"]]
+        assert {e.lane for e in events if e.op in ("forward", "recv_act", "send_act")} == {0}
+        assert {e.lane for e in events if e.op in ("backward", "recv_grad", "send_grad", "update")} == {1}
+        assert _overlaps(events, rank), f"rank {rank}: no forward overlapped a backward"
+    single = spawn(_ranks, 2, {**params, "lanes": 1}, 3)
+    for rank, (_, _, traces, _) in enumerate(single):
+        events = [e for t in traces for e in t["events"]]
+        assert not _overlaps(events, rank) and {e.lane for e in events} == {0}
+
+
+def test_one_stage_lanes_run_as_threads_in_one_process():
+    records = []
+    method = _make(params={**OFF, "stages": 1, "microbatches": 8, "lanes": 2, "batch_size": 64, "trace_steps": 3},
+                   records=records)
+    _train(method, 4, batch_size=64)
+    method.finish()
+    events = [e for kind, f in records if kind == "trace" for e in f["events"]]
+    assert _overlaps(events, 0)
+
+
+def _two_bw_reference(steps, lr=0.05):
+    """W(t+1) = W(t) - lr · g_t(W(t-1)), W(-1) = W(0), then the drain applies g_T(W(T-1)): PipeDream-2BW."""
+    cls, ctx = context("sgd", 0, 1, {"lr": lr})
+    model = cls(ctx).model
+    data = ctx.workload.train
+    order = DataOrder(len(data), 32, seed=0)
+    live = {n: p.detach().clone() for n, p in model.named_parameters()}
+    previous = dict(live)
+    for t in range(steps):
+        batch = Batch(t, 0.0, order.batch(t), data, 0)
+        stale = {n: w.clone().requires_grad_(True) for n, w in previous.items()}
+        loss = ctx.workload.loss(functional_call(model, stale, (batch.inputs(),)), batch.targets())
+        grads = torch.autograd.grad(loss, list(stale.values()))
+        previous = {n: w.clone() for n, w in live.items()}
+        live = {n: w - lr * g for (n, w), g in zip(live.items(), grads, strict=True)}
+    return torch.cat([w.flatten() for w in live.values()])
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+@pytest.mark.parametrize("stages", [1, 2])
+def test_bounded_sync_is_one_version_stale(lanes, stages):
+    steps = 5
+    method = _make(params={**OFF, "stages": stages, "microbatches": 4, "lanes": lanes, "sync": "bounded",
+                           "momentum": 0.0})
+    _train(method, steps)
+    torch.testing.assert_close(_flat(method), _two_bw_reference(steps), rtol=0, atol=1e-6)
+    assert all(st.policy.held() <= 2 for st in method.workers.values())
+    method.finish()
+
+
+def test_bounded_sync_on_two_processes_equals_the_virtual_mode():
+    params = {**OFF, "microbatches": 4, "lanes": 2, "sync": "bounded"}
+    results = spawn(_ranks, 2, params, 4)
+    virtual = _make(params=params)
+    _train(virtual, 4)
+    torch.testing.assert_close(torch.cat([results[0][0], results[1][0]]), _flat(virtual), rtol=0, atol=1e-6)
+
+
+def test_schedules_are_valid_and_the_drain_completes_bounded():
+    stages, micro = 3, 4
+    for sync in ("exact", "bounded"):
+        run = [[a for t in range(3) for a in qfb_tick(s, stages, micro, t, sync)]
+               + (qfb_drain(s, stages, micro, 2) if sync == "bounded" else []) for s in range(stages)]
+        validate(run, Placement.one_per_rank(stages))
+    assert compute_order([qfb_tick(2, 3, 3, 0, "exact")]) == [["2F0", "2B0", "2F1", "2B1", "2F2", "2B2", "2U"]]
+    assert compute_order([qfb_tick(0, 3, 3, 1, "exact")]) == [["0F0@1", "0F1@1", "0F2@1", "0B0@1", "0B1@1",
+                                                               "0B2@1", "0U"]]
+    assert [str(a) for a in qfb_tick(1, 2, 2, 1, "bounded") if a.op.value in ("forward", "backward", "update")] == [
+        "1F0@1", "1B0", "1F1@1", "1B1", "1U"]
+
+
+def test_bad_configurations_are_refused():
+    from methods.pipeline.qfb import QFB
+
+    assert "does not replicate" in QFB.check_world_size(3, QFB.Params(replicas=[2, 1]))
+    assert "exceeds batch_size" in QFB.check_world_size(1, QFB.Params(microbatches=64, batch_size=32))
+    assert QFB.check_world_size(2, QFB.Params()) is None
+    with pytest.raises(ValueError):
+        QFB.Params(density=0)
+    with pytest.raises(ValueError):
+        QFB.Params(lanes=3)
