@@ -60,10 +60,11 @@ def measured_bubble(run: RunResult) -> float:
 
 def ideal_bubble_of(run: RunResult) -> float:
     """(p-1)/(v·M+p-1) for a flushed pipeline run on p ranks with v stages each (its spec has `microbatches`; v is
-    `stages_per_rank`, default 1), else NaN (asynchronous or replicated pipelines have no closed form here)."""
+    `stages_per_rank`, default 1), else NaN (asynchronous or replicated pipelines, and pipelines whose ranks run
+    several lanes at once, have no closed form here)."""
     params = run.spec.get("params") or {}
     ranks, micro = run.spec.get("world_size"), params.get("microbatches")
-    if not ranks or not micro or params.get("replicas"):
+    if not ranks or not micro or params.get("replicas") or (params.get("lanes") or 1) > 1:
         return math.nan
     return ideal_bubble(ranks, micro, params.get("stages_per_rank") or 1)
 
@@ -74,27 +75,31 @@ def _bar_label(event: TraceEvent, several_stages: bool) -> str:
 
 
 def plot_gantt(run: RunResult) -> Figure:
-    """One pipeline run -> the timeline of its last fully traced step: a row per rank, a bar per action (forward,
-    backward, update, replica sync; receive waits in grey), labelled by microbatch (stage.microbatch where a rank holds
-    several stages), times in ms from the step's first compute action."""
+    """One pipeline run -> the timeline of its last fully traced step: a row per rank (per rank and lane where a
+    rank runs several lanes at once, as qfb's forward and backward lanes), a bar per action (forward, backward,
+    update, replica sync; receive waits in grey), labelled by microbatch (stage.microbatch where a rank holds several
+    stages), times in ms from the step's first compute action."""
     from matplotlib.patches import Patch
 
     step, ranks = list(traced_steps(run).items())[-1]
     origin = min(e.start for events in ranks for e in events if e.op in COMPUTE_OPS)
-    fig = new_figure(width=9.0, height=1.6 + 0.6 * len(ranks))
+    rows = [(r, lane) for r, events in enumerate(ranks) for lane in sorted({e.lane for e in events} or {0})]
+    fig = new_figure(width=9.0, height=1.6 + 0.6 * len(rows))
     ax = fig.subplots()
-    for r, events in enumerate(ranks):
-        several = len({e.stage for e in events}) > 1
+    for row, (r, lane) in enumerate(rows):
+        events = [e for e in ranks[r] if e.lane == lane]
+        several = len({e.stage for e in ranks[r]}) > 1
         for e in events:
             start = max(e.start, origin)  # a wait that began before the step's first forward is not drawn
             if e.op not in COLORS or e.end <= start:
                 continue
-            ax.broken_barh([((start - origin) * 1e3, (e.end - start) * 1e3)], (r - 0.4, 0.8), facecolors=COLORS[e.op],
-                           edgecolor="white", linewidth=0.3)
+            ax.broken_barh([((start - origin) * 1e3, (e.end - start) * 1e3)], (row - 0.4, 0.8),
+                           facecolors=COLORS[e.op], edgecolor="white", linewidth=0.3)
             if e.op in ("forward", "backward") and e.mb >= 0:
-                ax.text((start + e.end - 2 * origin) / 2 * 1e3, r, _bar_label(e, several), ha="center", va="center",
-                        fontsize=6)
-    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in range(len(ranks))])
+                ax.text((start + e.end - 2 * origin) / 2 * 1e3, row, _bar_label(e, several), ha="center",
+                        va="center", fontsize=6)
+    laned = {r for r, lane in rows if lane}
+    ax.set_yticks(range(len(rows)), [f"rank {r}" + (f" lane {lane}" if r in laned else "") for r, lane in rows])
     ax.invert_yaxis()
     ax.set_xlabel("time from the step's first compute action (ms)")
     ideal = ideal_bubble_of(run)
@@ -103,7 +108,7 @@ def plot_gantt(run: RunResult) -> Figure:
     shown = [k for k in ("forward", "backward", "update", "sync_grads", "recv_act")
              if k != "sync_grads" or any(e.op == k for events in ranks for e in events)]
     ax.legend(handles=[Patch(color=COLORS[k], label=k.replace("recv_act", "waiting")) for k in shown],
-              fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(ranks) < 3 else -0.2),
+              fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(rows) < 3 else -0.2),
               ncol=len(shown), frameon=False)
     return fig
 

@@ -145,10 +145,8 @@ class QFB(PipelineMethod):
         super().__init__(ctx)
         params = ctx.params
         self.windows = 0  # runner steps taken (windows opened)
-        check = [self.rank_schedule(t) for t in range(3)]
-        validate([[a for lists in check for a in lists[r]] + (self.drain_schedule(2)[r] if params.sync == "bounded"
-                                                              else []) for r in range(self.placement.world_size)],
-                 self.placement)
+        self.wire = self.executor.wire
+        validate(self.check_run(3), self.placement)
         self.lane_threads = params.lane_threads or max(1, torch.get_num_threads() // params.lanes)
         self.lanes = None
         if params.lanes == 2:
@@ -157,8 +155,7 @@ class QFB(PipelineMethod):
                 self.executor = LabelledLanes(self.executor)
             else:  # one process group per lane, created by every rank in the same order
                 comms = [ctx.comm.subgroup(list(range(ctx.world_size))) for _ in range(2)]
-                self.lanes = LaneExecutor(ctx.rank, mine, comms, self.placement, self.executor.wire,
-                                          self.lane_threads)
+                self.lanes = LaneExecutor(ctx.rank, mine, comms, self.placement, self.wire, self.lane_threads)
                 self.executor = SingleRankLanes(self.lanes) if self.virtual else self.lanes
 
     # -- schedule --------------------------------------------------------------------------------------------------
@@ -171,6 +168,12 @@ class QFB(PipelineMethod):
         m = self.ctx.params.microbatches
         return place([qfb_drain(s, self.num_stages, m, last_window) for s in range(self.num_stages)],
                      self.placement)
+
+    def check_run(self, windows: int) -> Schedule:
+        """A whole run of `windows` steps (and the drain when bounded), one list per rank: what `validate` checks."""
+        steps = [self.rank_schedule(t) for t in range(windows)]
+        drain = self.drain_schedule(windows - 1) if self.ctx.params.sync == "bounded" else [[]] * len(steps[0])
+        return [[a for step in steps for a in step[r]] + drain[r] for r in range(self.placement.world_size)]
 
     def _open_window(self, window: int) -> None:
         for stage in self.workers.values():
@@ -206,7 +209,7 @@ class QFB(PipelineMethod):
         return self.ctx.params.sync == "exact"
 
     def state_dict(self) -> dict[str, Any]:
-        wire = self.executor_wire()
+        wire = self.wire
         return {"stages": {f"{r}.{s}": {"module": st.module.state_dict(), "optimizer": st.optimizer.state_dict()}
                            for (r, s), st in self.workers.items()},
                 "activation_codec": wire.activation.state_dict(), "gradient_codec": wire.gradient.state_dict()}
@@ -215,13 +218,8 @@ class QFB(PipelineMethod):
         for (r, s), st in self.workers.items():
             st.module.load_state_dict(state["stages"][f"{r}.{s}"]["module"])
             st.optimizer.load_state_dict(state["stages"][f"{r}.{s}"]["optimizer"])
-        wire = self.executor_wire()
-        wire.activation.load_state_dict(state["activation_codec"])
-        wire.gradient.load_state_dict(state["gradient_codec"])
-
-    def executor_wire(self) -> Any:
-        return self.lanes.wire if self.lanes is not None else (
-            self.executor.executor.wire if isinstance(self.executor, LabelledLanes) else self.executor.wire)
+        self.wire.activation.load_state_dict(state["activation_codec"])
+        self.wire.gradient.load_state_dict(state["gradient_codec"])
 
     def finish(self) -> None:
         super().finish()
