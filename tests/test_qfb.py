@@ -66,6 +66,7 @@ def _ranks(rank, world_size, params, steps):
     return flat, losses, traces, method.ctx.comm.ledger.by_category()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lanes", [1, 2])
 def test_exact_qfb_on_two_processes_equals_sgd(lanes):
     reference = _sgd_flat(4)
@@ -81,35 +82,47 @@ def _overlaps(events, stage):
     return [(f, b) for f in forwards for b in backwards if f.mb != b.mb and f.start < b.end and b.start < f.end]
 
 
+#: A compute-bound stage (a forward or backward of a microbatch takes milliseconds, much longer than a thread's
+#: wake-up), so that whether the lanes overlap depends on the schedule, not on the machine's timing.
+HEAVY = {"in_features": 256, "hidden": 512, "depth": 4, "num_train": 2048, "num_test": 256}
+
+
+def _heavy_ranks(rank, world_size, params, steps):
+    records = []
+    method = _make(rank, world_size, {"batch_size": 512, "microbatches": 8, "trace_steps": steps, **params},
+                   records, workload="synthetic-mlp", options=HEAVY)
+    _train(method, steps, batch_size=512)
+    method.finish()
+    return [f for kind, f in records if kind == "trace"]
+
+
+@pytest.mark.slow
 def test_the_lanes_overlap_on_two_processes_and_are_labelled():
     """The traces show a forward and a backward of different microbatches of one stage running at the same time,
-    each on its lane; with lanes = 1 nothing overlaps."""
-    params = {"microbatches": 8, "lanes": 2, "trace_steps": 3, "batch_size": 64}
-    results = spawn(_ranks, 2, params, 4)
-    for rank, (_, _, traces, _) in enumerate(results):
+    each on its lane, at both stages; with lanes = 1 nothing overlaps."""
+    for rank, traces in enumerate(spawn(_heavy_ranks, 2, {"lanes": 2}, 3)):
         events = [e for t in traces for e in t["events"]]
         assert {e.lane for e in events if e.op in ("forward", "recv_act", "send_act")} == {0}
         assert {e.lane for e in events if e.op in ("backward", "recv_grad", "send_grad", "update")} == {1}
         assert _overlaps(events, rank), f"rank {rank}: no forward overlapped a backward"
-    single = spawn(_ranks, 2, {**params, "lanes": 1}, 3)
-    for rank, (_, _, traces, _) in enumerate(single):
+    for rank, traces in enumerate(spawn(_heavy_ranks, 2, {"lanes": 1}, 2)):
         events = [e for t in traces for e in t["events"]]
         assert not _overlaps(events, rank) and {e.lane for e in events} == {0}
 
 
 def test_one_stage_lanes_run_as_threads_in_one_process():
     records = []
-    method = _make(params={**OFF, "stages": 1, "microbatches": 8, "lanes": 2, "batch_size": 64, "trace_steps": 3},
-                   records=records)
-    _train(method, 4, batch_size=64)
+    method = _make(params={"stages": 1, "microbatches": 8, "lanes": 2, "batch_size": 512, "trace_steps": 3},
+                   records=records, workload="synthetic-mlp", options=HEAVY)
+    _train(method, 4, batch_size=512)
     method.finish()
     events = [e for kind, f in records if kind == "trace" for e in f["events"]]
-    assert _overlaps(events, 0)
+    assert _overlaps(events, 0) and {e.lane for e in events} == {0, 1}
 
 
-def _two_bw_reference(steps, lr=0.05):
+def _two_bw_reference(steps, lr=0.05, workload="digits-mlp"):
     """W(t+1) = W(t) - lr · g_t(W(t-1)), W(-1) = W(0), then the drain applies g_T(W(T-1)): PipeDream-2BW."""
-    cls, ctx = context("sgd", 0, 1, {"lr": lr})
+    cls, ctx = context("sgd", 0, 1, {"lr": lr}, workload=workload)
     model = cls(ctx).model
     data = ctx.workload.train
     order = DataOrder(len(data), 32, seed=0)
@@ -125,18 +138,19 @@ def _two_bw_reference(steps, lr=0.05):
     return torch.cat([w.flatten() for w in live.values()])
 
 
-@pytest.mark.parametrize("lanes", [1, 2])
-@pytest.mark.parametrize("stages", [1, 2])
-def test_bounded_sync_is_one_version_stale(lanes, stages):
+@pytest.mark.parametrize("lanes,stages,workload", [(1, 1, "digits-mlp"), (2, 1, "digits-mlp"),
+                                                   (1, 2, "digits-mlp"), (2, 2, "digits-mlp"), (2, 2, "digits-cnn")])
+def test_bounded_sync_is_one_version_stale(lanes, stages, workload):
     steps = 5
     method = _make(params={**OFF, "stages": stages, "microbatches": 4, "lanes": lanes, "sync": "bounded",
-                           "momentum": 0.0})
+                           "momentum": 0.0}, workload=workload)
     _train(method, steps)
-    torch.testing.assert_close(_flat(method), _two_bw_reference(steps), rtol=0, atol=1e-6)
+    torch.testing.assert_close(_flat(method), _two_bw_reference(steps, workload=workload), rtol=0, atol=1e-6)
     assert all(st.policy.held() <= 2 for st in method.workers.values())
     method.finish()
 
 
+@pytest.mark.slow
 def test_bounded_sync_on_two_processes_equals_the_virtual_mode():
     params = {**OFF, "microbatches": 4, "lanes": 2, "sync": "bounded"}
     results = spawn(_ranks, 2, params, 4)

@@ -111,6 +111,7 @@ def _qfb_bytes(rank, world_size, method, params, steps):
     return by.get("activations", [0, 0])[0], by.get("activation_grads", [0, 0])[0]
 
 
+@pytest.mark.slow
 def test_qfb_bytes_on_the_wire_are_the_codecs_payloads():
     """digits-mlp on 2 ranks, 4 microbatches of 8: every message crosses the 128-wide boundary (1024 elements)."""
     steps, micro, n = 3, 4, 8 * 128

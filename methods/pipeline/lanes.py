@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import torch
 
 from harness.comm.communicator import Communicator
+from harness.trace import TraceEvent
 from methods.pipeline.executor import Microbatches, ProcessExecutor, Trace, Wire
 from methods.pipeline.placement import Placement
 from methods.pipeline.schedule import Action, Op, Schedule
@@ -44,7 +46,9 @@ class LaneStage(Stage):
     """A Stage whose forwards and backwards may run on two threads at once. They share the module, hence the weights
     (no copy); the backward of microbatch `key` waits until its forward is done (`version_of`, which the executor
     calls first, blocks until then), which only matters at the last stage: elsewhere the output gradient arrives
-    after the forward by construction. `abort()` wakes a waiting backward with an error (the other lane failed)."""
+    after the forward by construction. The executor times that wait as part of the backward action, so the time it
+    ended is kept in `ready_at[key]` and LaneExecutor starts the backward's trace event there (the wait shows as
+    idle, not as compute). `abort()` wakes a waiting backward with an error (the other lane failed)."""
 
     #: Seconds a backward waits for its forward before it gives up (a lost forward would otherwise hang the rank).
     wait_s = 600.0
@@ -52,6 +56,7 @@ class LaneStage(Stage):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.forwarded: set[Key] = set()
+        self.ready_at: dict[Key, float] = {}  # perf_counter() when a backward that waited for its forward could start
         self.failed: str | None = None
         self.done = threading.Condition()
 
@@ -64,9 +69,11 @@ class LaneStage(Stage):
 
     def version_of(self, key: Key) -> int:
         with self.done:
-            if not self.done.wait_for(lambda: key in self.forwarded or self.failed is not None, self.wait_s):
-                raise RuntimeError(f"stage {self.index}: the forward of microbatch {key} did not run within "
-                                   f"{self.wait_s:.0f} s")
+            if key not in self.forwarded:
+                if not self.done.wait_for(lambda: key in self.forwarded or self.failed is not None, self.wait_s):
+                    raise RuntimeError(f"stage {self.index}: the forward of microbatch {key} did not run within "
+                                       f"{self.wait_s:.0f} s")
+                self.ready_at[key] = time.perf_counter()
             if self.failed is not None:
                 raise RuntimeError(f"stage {self.index}: {self.failed}")
         return super().version_of(key)
@@ -134,8 +141,15 @@ class LaneExecutor:
                     stage.abort(f"lane {lane} failed: {future.exception()}")
                 raise future.exception()
         traces = [future.result() for future in futures]
-        events = [e._replace(lane=lane) for lane, trace in enumerate(traces) for e in trace.events]
+        events = [self._compute_only(e._replace(lane=lane)) for lane, trace in enumerate(traces) for e in trace.events]
         return Trace(sorted(events, key=lambda e: e.start))
+
+    def _compute_only(self, event: TraceEvent) -> TraceEvent:
+        """A backward that waited for its forward starts when the wait ended (LaneStage.ready_at)."""
+        if event.op != Op.BACKWARD.value or event.stage not in self.stages:
+            return event
+        ready = self.stages[event.stage].ready_at.pop((event.iteration, event.mb), None)
+        return event if ready is None else event._replace(start=min(max(event.start, ready), event.end))
 
     def flush(self) -> None:
         for executor in self.executors:
