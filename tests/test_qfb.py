@@ -82,15 +82,17 @@ def _overlaps(events, stage):
     return [(f, b) for f in forwards for b in backwards if f.mb != b.mb and f.start < b.end and b.start < f.end]
 
 
-#: A compute-bound stage (a forward or backward of a microbatch takes milliseconds, much longer than a thread's
-#: wake-up), so that whether the lanes overlap depends on the schedule, not on the machine's timing.
-HEAVY = {"in_features": 256, "hidden": 512, "depth": 4, "num_train": 2048, "num_test": 256}
+#: Compute-bound stages (a forward or backward of a microbatch takes milliseconds, much longer than a thread's
+#: wake-up) of nearly equal cost (blocks 0-2: 256x512 + 2 x 512x512; blocks 3-5: 2 x 512x512 + 512x10), so that
+#: whether the lanes overlap depends on the schedule, not on the machine's timing. (A stage much faster than its
+#: upstream neighbour spends its forward lane waiting for activations: its backwards overlap the waits instead.)
+HEAVY = {"in_features": 256, "hidden": 512, "depth": 5, "num_train": 2048, "num_test": 256}
 
 
 def _heavy_ranks(rank, world_size, params, steps):
     records = []
-    method = _make(rank, world_size, {"batch_size": 512, "microbatches": 8, "trace_steps": steps, **params},
-                   records, workload="synthetic-mlp", options=HEAVY)
+    method = _make(rank, world_size, {"batch_size": 512, "microbatches": 8, "trace_steps": steps, "partition": [3],
+                                      **params}, records, workload="synthetic-mlp", options=HEAVY)
     _train(method, steps, batch_size=512)
     method.finish()
     return [f for kind, f in records if kind == "trace"]

@@ -48,41 +48,40 @@ class LaneStage(Stage):
     calls first, blocks until then), which only matters at the last stage: elsewhere the output gradient arrives
     after the forward by construction. The executor times that wait as part of the backward action, so the time it
     ended is kept in `ready_at[key]` and LaneExecutor starts the backward's trace event there (the wait shows as
-    idle, not as compute). `abort()` wakes a waiting backward with an error (the other lane failed)."""
+    idle, not as compute). The version a forward used is kept apart from the saved microbatch (`versions`), since
+    the backward may consume that before the forward lane asks for it. `abort()` wakes a waiting backward with an
+    error (the other lane failed)."""
 
     #: Seconds a backward waits for its forward before it gives up (a lost forward would otherwise hang the rank).
     wait_s = 600.0
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.forwarded: set[Key] = set()
+        self.versions: dict[Key, int] = {}  # microbatch -> the weight version its forward used (recent windows)
         self.ready_at: dict[Key, float] = {}  # perf_counter() when a backward that waited for its forward could start
         self.failed: str | None = None
         self.done = threading.Condition()
 
     def forward(self, key: Key, x: torch.Tensor, y: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
         out = super().forward(key, x, y, scale)
+        version = super().version_of(key)  # before the key is published: no backward can have taken it yet
         with self.done:
-            self.forwarded.add(key)
+            for old in [k for k in self.versions if k[0] < key[0] - 2]:  # windows long done
+                del self.versions[old]
+            self.versions[key] = version
             self.done.notify_all()
         return out
 
     def version_of(self, key: Key) -> int:
         with self.done:
-            if key not in self.forwarded:
-                if not self.done.wait_for(lambda: key in self.forwarded or self.failed is not None, self.wait_s):
+            if key not in self.versions:
+                if not self.done.wait_for(lambda: key in self.versions or self.failed is not None, self.wait_s):
                     raise RuntimeError(f"stage {self.index}: the forward of microbatch {key} did not run within "
                                        f"{self.wait_s:.0f} s")
                 self.ready_at[key] = time.perf_counter()
             if self.failed is not None:
                 raise RuntimeError(f"stage {self.index}: {self.failed}")
-        return super().version_of(key)
-
-    def backward(self, key: Key, grad_output: torch.Tensor | None = None) -> torch.Tensor | None:
-        grad = super().backward(key, grad_output)
-        with self.done:
-            self.forwarded.discard(key)
-        return grad
+            return self.versions[key]
 
     def abort(self, reason: str) -> None:
         with self.done:
