@@ -12,7 +12,9 @@ backward waits for the first forward; the update after the last backward), so th
 M(F+B) / (M·max(F,B) + min(F,B)), tending to (F+B)/max(F,B); bounded sync (`--sync bounded`) overlaps windows too.
 With `--ranks 2` the model is cut into 2 stages on 2 gloo processes (each with its lanes: 4T cores in all).
 
-The machine's load (os.getloadavg) is printed before and after: lanes need free cores, so run it on a quiet machine.
+The machine's load (os.getloadavg) is printed before and after, and for each variant the cores it got: the process's
+CPU seconds over wall seconds (time.process_time, all threads). Lanes need free cores: when 2 lanes get about one
+core, no speed-up can show, so run it on a quiet machine.
 
     python benchmarks/qfb_lanes.py [--threads 1] [--rounds 5] [--steps 3] [--width 2048] [--depth 4]
                                    [--batch 256] [--microbatches 8] [--sync exact] [--ranks 1] [--json OUT]
@@ -52,7 +54,8 @@ def _variants(rank: int, world_size: int, a: dict) -> dict:
 
 
 def _time(rank: int, world_size: int, a: dict) -> dict:
-    """Seconds per step of each variant, per round; and F, B per microbatch of the first variant."""
+    """Seconds per step and cores used (CPU seconds / wall seconds) of each variant, per round; and F, B per
+    microbatch of the first variant."""
     import torch
     import torch.distributed as dist
 
@@ -63,22 +66,27 @@ def _time(rank: int, world_size: int, a: dict) -> dict:
     order = DataOrder(len(data), a["batch"], seed=0)
     step = {name: 0 for name in variants}
 
+    cores: dict[str, list[float]] = {name: [] for name in variants}
+
     def block(name: str, steps: int) -> float:
         method, threads = variants[name]
         torch.set_num_threads(threads)
         if world_size > 1:
             dist.barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(steps):
             t = step[name]
             method.train_step(Batch(t, 0.0, order.batch(t), data, 0))
             step[name] += 1
+        wall = time.perf_counter() - start
+        cores[name].append((time.process_time() - cpu) / wall)
         if world_size > 1:
             dist.barrier()
-        return (time.perf_counter() - start) / steps
+        return wall / steps
 
     for name in variants:
         block(name, 1)  # warm-up
+        cores[name].clear()
     reference = variants["1 lane x T"][0]
     for times in reference.times.values():  # F and B: measured during the timed rounds only
         times.forward_s = times.backward_s = 0.0
@@ -90,7 +98,8 @@ def _time(rank: int, world_size: int, a: dict) -> dict:
     stage = reference.times[rank if world_size > 1 else 0]
     for method, _ in variants.values():
         method.finish()
-    return {"seconds": seconds, "forward_s": stage.forward_s / max(1, stage.forwards),
+    return {"seconds": seconds, "cores": {name: statistics.median(v) for name, v in cores.items()},
+            "forward_s": stage.forward_s / max(1, stage.forwards),
             "backward_s": stage.backward_s / max(1, stage.backwards)}
 
 
@@ -126,7 +135,8 @@ def main() -> None:
     ideal_window = m * (f + b) / (m * max(f, b) + (0 if a["sync"] == "bounded" else min(f, b)))
     out = {**a, "json": None, "seconds_per_step": med, "forward_s": f, "backward_s": b,
            "speedup": statistics.median(speedup), "speedup_rounds": speedup,
-           "speedup_same_cores": statistics.median(fair), "ideal": ideal_limit, "ideal_window": ideal_window,
+           "speedup_same_cores": statistics.median(fair), "cores_used": [r["cores"] for r in ranks],
+           "ideal": ideal_limit, "ideal_window": ideal_window,
            "load_before": load_before, "load_after": load_after, "cpus": os.cpu_count()}
     print(f"qfb, {a['ranks']} stage(s) on {a['ranks']} rank(s), synthetic-mlp {a['depth']} x {a['width']}, batch "
           f"{a['batch']}, M = {m}, sync {a['sync']}, T = {a['threads']}; {a['rounds']} rounds x {a['steps']} steps "
@@ -134,7 +144,9 @@ def main() -> None:
     print(f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, after "
           f"{load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}, on {os.cpu_count()} CPUs")
     for name in VARIANTS:
-        print(f"  {name:12s} {med[name]:7.3f} s/step")
+        used = " + ".join(f"{r['cores'][name]:.2f}" for r in ranks)
+        per_rank = ", per rank" if len(ranks) > 1 else ""
+        print(f"  {name:12s} {med[name]:7.3f} s/step, cores used (CPU s / wall s{per_rank}) {used}")
     print(f"F = {f * 1e3:.1f} ms, B = {b * 1e3:.1f} ms per microbatch (1 lane x T)")
     print(f"speed-up of 2 lanes over 1 lane (T threads each): {out['speedup']:.2f}x (rounds: "
           f"{' '.join(f'{s:.2f}' for s in speedup)}); ideal (F+B)/max(F,B) = {ideal_limit:.2f}x, for a window of "
