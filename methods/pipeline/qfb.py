@@ -39,24 +39,20 @@ class QFBParams(PipelineParams):
                                                     "(= sgd); 'bounded': they run before it, one version stale")
 
 
-def qfb_tick(stage: int, stages: int, microbatches: int, window: int | None, sync: Sync) -> list[Action]:
-    """Stage `stage`'s actions in runner step `window` (None: the drain after the last step).
+def qfb_tick(stage: int, stages: int, microbatches: int, window: int, sync: Sync) -> list[Action]:
+    """Stage `stage`'s actions in runner step `window`.
 
     exact: the forwards and the backwards of window t, merged as 1F1B merges them (S-1-s forwards first; the order
         one lane would run them in), then the update. The lanes split the list by op (methods/pipeline/lanes.py).
     bounded: the forwards of window t and the backwards of window t-1 (none at t = 0), one of each in turn, then the
-        update of window t-1; the drain runs the backwards and update of the last window.
+        update of window t-1; `qfb_drain` runs the backwards and update of the last window.
     Microbatch m of window t is Action(..., mb=m, iteration=t)."""
-    if sync == "exact":
-        forward_window, backward_window, warmup = window, window, min(stages - 1 - stage, microbatches)
-    else:
-        forward_window = window
-        backward_window = None if window == 0 else (window - 1 if window is not None else None)
-        warmup = 0
-    forwards = [forward_unit(stage, stages, m, forward_window) for m in range(microbatches)] \
-        if forward_window is not None else []
+    exact = sync == "exact"
+    backward_window = window if exact else window - 1
+    warmup = min(stages - 1 - stage, microbatches) if exact else 0
+    forwards = [forward_unit(stage, stages, m, window) for m in range(microbatches)]
     backwards = [backward_unit(stage, stages, m, backward_window) for m in range(microbatches)] \
-        if backward_window is not None else []
+        if backward_window >= 0 else []
     actions = [a for unit in forwards[:warmup] for a in unit]
     for k in range(max(len(forwards) - warmup, len(backwards))):
         actions += forwards[warmup + k] if warmup + k < len(forwards) else []
