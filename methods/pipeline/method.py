@@ -159,6 +159,10 @@ class PipelineMethod(Method):
         return Stage(s, self.num_stages, module, make_sgd(module.parameters(), self.ctx.params),
                      self.make_policy(s, self.num_stages, module), self.ctx.workload.loss)
 
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizer of each stage on this rank (every stage in the virtual mode)."""
+        return [stage.optimizer for stage in self.stages.values()]
+
     # -- running a schedule -----------------------------------------------------------------------------------------
     def run(self, schedule: Schedule, batches: dict[int, Microbatches], step: int) -> StepStats:
         """Run `schedule` (all stages' lists) for this rank or, in the virtual mode, for every stage."""
