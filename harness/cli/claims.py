@@ -19,7 +19,7 @@ def add(verbs) -> None:
                     "metric (a summary.csv column), method, baseline, relation (ratio_le, ratio_ge, diff_le, "
                     "diff_ge) and value) and judge each claim on SUITE_DIR's runs: the method's and the baseline's "
                     "runs are paired by workload, network and seed, and the ratio of their means (or the mean of "
-                    "their differences) gets a 95%% paired bootstrap interval. PASS when the whole interval "
+                    "their differences) gets a 95% paired bootstrap interval. PASS when the whole interval "
                     "satisfies the relation, FAIL when the whole interval violates it, INCONCLUSIVE otherwise, "
                     "with fewer than 3 paired seeds, or for a time judged on runs starved of CPU (noisy). Prints the "
                     "verdicts and writes SUITE_DIR/report/claims.csv.",
