@@ -177,7 +177,8 @@ def plot_improvement(poi: pd.DataFrame, baseline: str, styles: dict[str, Style] 
             error = None if np.isnan(low) else [[row["poi"] - low], [high - row["poi"]]]
             ax.barh(position, row["poi"], xerr=error, color=chosen[label].color, capsize=3)
             ax.text(0.01, position, f"{row['poi']:.2f}", va="center", fontsize="small",
-                    transform=ax.get_yaxis_transform())
+                    transform=ax.get_yaxis_transform(), bbox={"facecolor": "white", "alpha": 0.8, "pad": 1,
+                                                              "linewidth": 0})
         ax.axvline(0.5, color="grey", linestyle="--", linewidth=1)
         ax.set_xlim(0, 1)
         ax.set_yticks(range(len(labels)), labels)

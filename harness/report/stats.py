@@ -20,24 +20,6 @@ LEVEL = 0.95
 Values = Sequence[float] | np.ndarray | pd.Series
 
 
-def mean_ci95(values: Values) -> tuple[float, float, int]:
-    """values: 1-D (runs) -> (mean, 95% Student-t confidence interval half-width, n) of the finite ones.
-
-    The half-width is NaN with fewer than two finite values; all three are NaN/0 with none.
-    """
-    finite = np.asarray(values, dtype=float)
-    finite = finite[np.isfinite(finite)]
-    n = len(finite)
-    if n == 0:
-        return math.nan, math.nan, 0
-    if n == 1:
-        return float(finite[0]), math.nan, 1
-    from scipy import stats
-
-    half = stats.t.ppf(0.975, n - 1) * finite.std(ddof=1) / math.sqrt(n)
-    return float(finite.mean()), float(half), n
-
-
 def percentile_interval(samples: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
     """samples: 1-D (resamples) of a statistic -> the (low, high) percentiles that hold `level` of them.
 
