@@ -194,11 +194,13 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
         assert torch.equal(a[name], b[name]), name
 
 
+@pytest.mark.slow
 def test_a_constant_schedule_leaves_sgd_exactly_as_plain_training(tmp_path):
     spec = spec_of(tmp_path, '[[run]]\nmethod = "sgd"', 'lr_schedule = "constant"')[0]
     assert_same_weights(final_weights(run(spec, tmp_path)), train_by_hand(None))
 
 
+@pytest.mark.slow
 def test_every_method_gets_the_same_lr_at_every_step(tmp_path):
     runs = ('[[run]]\nmethod = "sgd"\n[[run]]\nmethod = "ddp"\nworld_size = 2\n'
             '[[run]]\nmethod = "gpipe"\nparams = { microbatches = 2 }\n'
@@ -220,6 +222,7 @@ def test_every_method_gets_the_same_lr_at_every_step(tmp_path):
     assert_same_weights(final_weights(sgd_dir), train_by_hand(expected.factor))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["step", "cosine"])
 def test_a_schedule_changes_training(tmp_path, kind):
     spec = spec_of(tmp_path, '[[run]]\nmethod = "sgd"', f'lr_schedule = "{kind}"')[0]

@@ -7,7 +7,6 @@ import html
 import math
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 #: A rank is starved when it ran less than this share of the time it was runnable: cpu / (cpu + run-queue wait),
@@ -68,8 +67,11 @@ def run_hygiene(metrics: pd.DataFrame) -> dict[str, Any]:
     records = metrics[metrics["kind"] == "cpu"] if "kind" in metrics.columns else metrics.iloc[0:0]
     if records.empty:
         return {"cpu_share": math.nan, "other_load": math.nan, "noisy": None}
-    share = float(np.nanmin([cpu_share(row) for _, row in records.iterrows()]) if len(records) else math.nan)
+    shares = [value for value in (cpu_share(row) for _, row in records.iterrows()) if math.isfinite(value)]
+    share = min(shares) if shares else math.nan
     other = other_load(records)
+    if math.isnan(share):
+        return {"cpu_share": share, "other_load": other, "noisy": None}
     starved = share < STARVED_SHARE
     busy = math.isnan(other) or other >= OTHER_LOAD
     return {"cpu_share": share, "other_load": other, "noisy": bool(starved and busy)}

@@ -55,6 +55,8 @@ def aggregate_display(aggregates: pd.DataFrame) -> pd.DataFrame:
                                      row[f"{metric}_n"]) for _, row in aggregates.iterrows()]
     shown["reached target"] = [f"{row['time_to_target_s_n']}/{row['used']}"
                                for _, row in aggregates.iterrows()]
+    if "noisy" in aggregates.columns and aggregates["noisy"].sum() > 0:
+        shown["noisy runs"] = aggregates["noisy"]
     return shown
 
 def table_html(frame: pd.DataFrame) -> str:
