@@ -130,6 +130,9 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     if not heads.empty:
         plots["head_accuracy.png"] = local.plot_head_accuracy(heads)
     plots.update(pipeline.gantt_figures(used))
+    pipeline_section = pipeline.pipeline_html(used, used_table, out_dir)
+    if pipeline_section:
+        sections.append(pipeline_section)
     if used_table["network"].nunique() > 1:
         speedups = network.network_speedup(used_table, baseline_label)
         speedups.to_csv(out_dir / "network_speedup.csv", index=False)

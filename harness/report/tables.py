@@ -18,7 +18,8 @@ SUMMARY_COLUMNS = (
     "suite", "run_id", "method", "workload", "world_size", "seed", "state", "final_accuracy", "best_accuracy",
     "time_to_target_s", "train_time_s", "total_bytes", "bytes_per_sample",
 )  # fmt: skip
-EXTRA_COLUMNS = ("label", "family", "steps", "epochs", "network", "samples_per_s", "bubble")
+EXTRA_COLUMNS = ("label", "family", "steps", "epochs", "network", "samples_per_s", "bubble", "peak_activation_bytes",
+                 "peak_weight_bytes")
 #: Further columns (after EXTRA_COLUMNS): steady-state communication and measurement hygiene (report/hygiene.py).
 MORE_COLUMNS = ("last_epoch_bytes_per_sample", "cpu_share", "other_load", "noisy")
 CURVE_COLUMNS = ("label", "seed", "run_id", "x", "test_accuracy")
@@ -92,10 +93,19 @@ def run_summary(run: RunResult) -> dict[str, Any]:
         "network": network_text(spec),
         "samples_per_s": samples / train_time if samples > 0 and train_time > 0 else math.nan,
         "bubble": measured_bubble(run),
+        "peak_activation_bytes": peak_bytes(train, "peak_activation_bytes"),
+        "peak_weight_bytes": peak_bytes(train, "peak_weight_bytes"),
         "last_epoch_bytes_per_sample": last_epoch_bytes_per_sample(train),
         **hygiene.run_hygiene(metrics),
     }
 
+def peak_bytes(train: pd.DataFrame, column: str) -> float:
+    """The largest value over every train record (all ranks) of a per-stage list field such as
+    peak_activation_bytes: the most any stage held in any step. NaN when no record has the field (not a pipeline)."""
+    if column not in train.columns:
+        return math.nan
+    values = [v for cell in train[column] if isinstance(cell, list) for v in cell if isinstance(v, (int, float))]
+    return float(max(values)) if values else math.nan
 
 def last_epoch_bytes_per_sample(train: pd.DataFrame) -> float:
     """train records (records x fields) -> bytes sent by all ranks per sample over the last epoch of training: the
@@ -140,6 +150,8 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
     - network: the emulated network in the --network form ('100mbit', 'unlimited,latency=1ms'); empty for none.
     - samples_per_s: throughput, rank 0's last global samples / train_time_s (NaN when either is 0 or missing).
     - bubble: a multi-process pipeline run's measured idle share, from its `trace` records (NaN for others).
+    - peak_activation_bytes / peak_weight_bytes: a pipeline run's most bytes of stored activations / of stashed or
+      predicted weight versions held by any stage in any step (max over stages; NaN for other methods).
     - last_epoch_bytes_per_sample: bytes_per_sample over the last epoch only (see last_epoch_bytes_per_sample).
     - cpu_share, other_load, noisy: measurement hygiene from the ranks' `cpu` records (report/hygiene.py): the
       lowest share of its runnable time a rank ran, the largest share of a host used by other processes, and

@@ -38,6 +38,10 @@ class WeightPolicy(abc.ABC):
         """Weight versions kept in memory besides the live one."""
         return 0
 
+    def needs_stash(self) -> bool:
+        """Whether forwards must run on a kept version (an update can come between a forward and its backward)."""
+        return False
+
 
 class Live(WeightPolicy):
     """Synchronous pipelines (GPipe, 1F1B with a flush): every forward and backward uses the live weights, which
@@ -119,3 +123,6 @@ class Stashed(WeightPolicy):
 
     def held(self) -> int:
         return len(self._versions)
+
+    def needs_stash(self) -> bool:
+        return self.vertical_sync or self.delay > 0
