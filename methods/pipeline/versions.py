@@ -30,6 +30,9 @@ class WeightPolicy(abc.ABC):
     def backward_done(self, mb: int) -> None:  # noqa: B027 - a hook: policies without stashes have nothing to do
         """The backward of `mb` has run: its weights may be released."""
 
+    def before_update(self) -> None:  # noqa: B027 - a hook: most policies need nothing before an update
+        """The optimizer is about to step the live weights (a policy may keep what it needs of them)."""
+
     def updated(self) -> None:
         """The optimizer has stepped the live weights."""
         self.version += 1
