@@ -44,11 +44,11 @@ def labelled(trace: Trace) -> Trace:
 
 class LaneStage(Stage):
     """A Stage whose forwards and backwards may run on two threads at once. They share the module, hence the weights
-    (no copy); the backward of microbatch `key` waits until its forward is done (`version_of`, which the executor
-    calls first, blocks until then), which only matters at the last stage: elsewhere the output gradient arrives
-    after the forward by construction. The executor times that wait as part of the backward action, so the time it
-    ended is kept in `ready_at[key]` and LaneExecutor starts the backward's trace event there (the wait shows as
-    idle, not as compute). The version a forward used is kept apart from the saved microbatch (`versions`), since
+    (no copy); the backward of microbatch `key` waits until its forward is done (`backward_version_of`, which the
+    executor calls first, blocks until then), which only matters at the last stage: elsewhere the output gradient
+    arrives after the forward by construction. The executor times that wait as part of the backward action, so the
+    time it ended is kept in `ready_at[key]` and LaneExecutor starts the backward's trace event there (the wait shows
+    as idle, not as compute). The version a forward used is kept apart from the saved microbatch (`versions`), since
     the backward may consume that before the forward lane asks for it. `abort()` wakes a waiting backward with an
     error (the other lane failed)."""
 
@@ -73,6 +73,15 @@ class LaneStage(Stage):
         return out
 
     def version_of(self, key: Key) -> int:
+        self.wait_for_forward(key)
+        return self.versions[key]
+
+    def backward_version_of(self, key: Key) -> int:
+        self.wait_for_forward(key)  # then the microbatch is saved, and only this backward will take it
+        return super().backward_version_of(key)
+
+    def wait_for_forward(self, key: Key) -> None:
+        """Block until the forward of `key` is done (noting when, if it had to wait); raise if the other lane failed."""
         with self.done:
             if key not in self.versions:
                 if not self.done.wait_for(lambda: key in self.versions or self.failed is not None, self.wait_s):
@@ -81,7 +90,6 @@ class LaneStage(Stage):
                 self.ready_at[key] = time.perf_counter()
             if self.failed is not None:
                 raise RuntimeError(f"stage {self.index}: {self.failed}")
-            return self.versions[key]
 
     def abort(self, reason: str) -> None:
         with self.done:
