@@ -7,6 +7,18 @@ from torch import nn
 from torch.nn import functional as F
 
 STAGE_WIDTHS = (16, 32, 64)
+#: Groups of GroupNorm (Wu and He 2018) in the `norm = "group"` ResNets: 8 divides every stage width (16, 32, 64).
+GROUPS = 8
+
+
+def norm_layer(kind: str, channels: int) -> nn.Module:
+    """BatchNorm ('batch', He et al.'s choice) or GroupNorm with GROUPS groups ('group': no batch statistics, so a
+    microbatch's output does not depend on the other samples of its microbatch)."""
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    if kind == "group":
+        return nn.GroupNorm(GROUPS, channels)
+    raise ValueError(f"norm must be 'batch' or 'group', got {kind!r}")
 
 
 def _conv3x3(in_channels: int, out_channels: int, stride: int = 1) -> nn.Conv2d:
@@ -20,16 +32,16 @@ class BasicBlock(nn.Module):
     input and appends zero channels (He et al. 2016, section 4.2, option A).
     """
 
-    def __init__(self, in_channels: int, out_channels: int, stride: int = 1):
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1, norm: str = "batch"):
         super().__init__()
         if out_channels < in_channels:
             raise ValueError(f"BasicBlock cannot narrow channels ({in_channels} -> {out_channels})")
         self.stride = stride
         self.extra_channels = out_channels - in_channels
         self.conv1 = _conv3x3(in_channels, out_channels, stride)
-        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.bn1 = norm_layer(norm, out_channels)
         self.conv2 = _conv3x3(out_channels, out_channels)
-        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.bn2 = norm_layer(norm, out_channels)
 
     def shortcut(self, x: torch.Tensor) -> torch.Tensor:
         if self.stride != 1:
@@ -56,22 +68,23 @@ def _init_weights(model: nn.Module) -> None:
             nn.init.zeros_(module.bias)
 
 
-def cifar_resnet(depth: int, classes: int = 10) -> nn.Sequential:
+def cifar_resnet(depth: int, classes: int = 10, in_channels: int = 3, norm: str = "batch") -> nn.Sequential:
     """A CIFAR ResNet of `depth` = 6n+2 layers: stem, 3n BasicBlocks (widths 16/32/64), head.
 
     Block 0 is the stem (3x3 conv to 16 channels, BN, ReLU), blocks 1..3n the BasicBlocks, block 3n+1 the head
-    (global average pool, flatten, linear). Input N x 3 x 32 x 32, output N x classes logits.
+    (global average pool, flatten, linear). Input N x in_channels x H x W (3 x 32 x 32 for CIFAR), output
+    N x classes logits. `norm` = 'group' puts GroupNorm where BatchNorm is (norm_layer).
     """
     if depth < 8 or (depth - 2) % 6 != 0:
         raise ValueError(f"CIFAR ResNet depth must be 6n+2 with n >= 1 (8, 14, 20, 32, 44, 56, 110, ...), "
                          f"got {depth}")
     blocks_per_stage = (depth - 2) // 6
     width = STAGE_WIDTHS[0]
-    blocks: list[nn.Module] = [nn.Sequential(_conv3x3(3, width), nn.BatchNorm2d(width), nn.ReLU())]
+    blocks: list[nn.Module] = [nn.Sequential(_conv3x3(in_channels, width), norm_layer(norm, width), nn.ReLU())]
     for stage, stage_width in enumerate(STAGE_WIDTHS):
         for i in range(blocks_per_stage):
             stride = 2 if stage > 0 and i == 0 else 1
-            blocks.append(BasicBlock(width, stage_width, stride))
+            blocks.append(BasicBlock(width, stage_width, stride, norm))
             width = stage_width
     blocks.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, classes)))
     model = nn.Sequential(*blocks)

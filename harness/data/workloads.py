@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.data import models, sources
@@ -22,6 +24,15 @@ class SyntheticOptions(BaseModel):
     num_test: int = Field(default=2048, ge=1)
 
 
+class DigitsResNetOptions(BaseModel):
+    """Depth and normalisation of the digits-resnet workload."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    depth: int = Field(default=20, ge=8, description="6n+2 layers: 8, 14, 20, ...")
+    norm: Literal["group", "batch"] = "group"
+
+
 def _digits_mlp(options: NoOptions, data_root: str | None) -> Instance:
     train, test = sources.digits()
     return Instance(train, test, lambda: models.mlp(64, 128, 2, 10))
@@ -36,6 +47,13 @@ def _synthetic_mlp(options: SyntheticOptions, data_root: str | None) -> Instance
     o = options
     train, test = sources.synthetic(o.num_train, o.num_test, o.in_features, o.classes)
     return Instance(train, test, lambda: models.mlp(o.in_features, o.hidden, o.depth, o.classes), classes=o.classes)
+
+
+def _digits_resnet(options: DigitsResNetOptions, data_root: str | None) -> Instance:
+    from harness.data import resnet
+
+    train, test = sources.digits()
+    return Instance(train, test, lambda: resnet.cifar_resnet(options.depth, 10, in_channels=1, norm=options.norm))
 
 
 def _cifar10_resnet20(options: NoOptions, data_root: str | None) -> Instance:
@@ -54,6 +72,10 @@ DIGITS_MLP = Workload(
 DIGITS_CNN = Workload(
     "digits-cnn", "sklearn digits (8x8, 10 classes)", "CNN conv16-conv32-fc64-10", "digits with a small CNN",
     _digits_cnn, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9})
+DIGITS_RESNET = Workload(
+    "digits-resnet", "sklearn digits (8x8, 10 classes)", "ResNet-20 with GroupNorm (depth and norm as options)",
+    "a model whose layer graph is not a chain (skip connections), small enough for CPU studies",
+    _digits_resnet, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9}, DigitsResNetOptions)
 SYNTHETIC_MLP = Workload(
     "synthetic-mlp", "synthetic Gaussian, teacher-labelled", "MLP (sizes as options)",
     "random data of any size, for performance work", _synthetic_mlp,
@@ -67,4 +89,4 @@ CIFAR10_RESNET20 = Workload(
 
 #: Built-in workload names -> attributes of this module (harness/registry.py imports them by reference).
 BUILTIN: dict[str, str] = {"digits-mlp": "DIGITS_MLP", "digits-cnn": "DIGITS_CNN", "synthetic-mlp": "SYNTHETIC_MLP",
-                           "cifar10-resnet20": "CIFAR10_RESNET20"}
+                           "cifar10-resnet20": "CIFAR10_RESNET20", "digits-resnet": "DIGITS_RESNET"}
