@@ -37,6 +37,8 @@ def measure_speeds(comm: Communicator, model: nn.Module, example: torch.Tensor) 
     for shared cores is in the numbers); speeds[r] = t_0 / t_r, relative to rank 0, which profiles the layers.
     Collective (category `control`)."""
     times = torch.zeros(comm.world_size, dtype=torch.float64)
+    if comm.world_size > 1:
+        comm.barrier()  # every rank times at once, as every rank will train at once
     times[comm.rank] = time_step(model, example)
     if comm.world_size > 1:
         comm.all_reduce(times, "control")

@@ -1,0 +1,114 @@
+"""APapo's study (suites/apapo.toml): run it with the seeds interleaved, then summarise throughput, time to target,
+final accuracy, speed-ups over the other methods and the communication hidden by overlap, per set-up.
+
+    python benchmarks/apapo_study.py run [--out results]        # seed 0 of every run, then seed 1, then seed 2
+    python benchmarks/apapo_study.py summarize results/apapo     # after `dtbench report results/apapo`
+
+`run` prints `uptime` before each pass (other work on the machine changes every timing) and writes the report.
+`summarize` prints markdown: per label the mean (and spread over seeds) of samples/s, time to target and final
+accuracy; apapo's throughput over every other method's, seed by seed, in each set-up; and per apapo run the overlap
+accounting of partition.json, with the exposed communication of overlap on against off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+SUITE = Path(__file__).resolve().parents[1] / "suites" / "apapo.toml"
+
+
+def run_ids(seed: int) -> list[str]:
+    """The suite's run ids of one seed, in the suite's order (from `dtbench run --dry-run`)."""
+    listing = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(SUITE), "--dry-run"],
+                             capture_output=True, text=True, check=True).stdout
+    return [line.split("\t")[0] for line in listing.splitlines() if line.endswith(f"\tseed={seed}")]
+
+
+def run(out: str, seeds: list[int]) -> None:
+    """Seed by seed, every run in the suite's order (so that load on a shared machine spreads over the methods);
+    `uptime` before each run; runs already completed are skipped (--resume)."""
+    for seed in seeds:
+        for run_id in run_ids(seed):
+            print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(), flush=True)
+            subprocess.run([sys.executable, "-m", "harness.cli", "run", str(SUITE), "--out", out, "--quiet",
+                            "--resume", "--only", run_id], check=False)
+    subprocess.run([sys.executable, "-m", "harness.cli", "report", str(Path(out) / "apapo")], check=True)
+
+
+def setup_of(label: str) -> str:
+    return "unequal ranks (threads 2+1)" if label.endswith("hetero") else "equal ranks (1+1 threads)"
+
+
+def method_of(label: str) -> str:
+    return label.removesuffix(" hetero").removesuffix(" x2").removesuffix(" x1")
+
+
+def summarize(suite_dir: Path) -> str:
+    table = pd.read_csv(suite_dir / "report" / "summary.csv")
+    table = table[table["state"] == "completed"].copy()
+    table["setup"], table["name"] = table["label"].map(setup_of), table["label"].map(method_of)
+    lines = []
+    for setup, group in table.groupby("setup", sort=False):
+        lines += [f"### {setup}", "", "| method | runs | samples/s | time to 0.95 (s) | final accuracy |",
+                  "| --- | --- | --- | --- | --- |"]
+        for name, rows in group.groupby("name", sort=False):
+            tt = rows["time_to_target_s"]
+            lines.append(f"| {name} | {len(rows)} | {rows['samples_per_s'].mean():.0f} ± "
+                         f"{rows['samples_per_s'].std():.0f} | {tt.mean():.2f} ({tt.notna().sum()}/{len(rows)} "
+                         f"reached) | {rows['final_accuracy'].mean():.3f} |")
+        lines += ["", "apapo's throughput over each method's (seed by seed, mean [min, max]):", ""]
+        apapo = group[group["name"] == "apapo"].set_index("seed")["samples_per_s"]
+        for name, rows in group.groupby("name", sort=False):
+            if name == "apapo":
+                continue
+            ratio = (apapo / rows.set_index("seed")["samples_per_s"]).dropna()
+            if len(ratio):
+                lines.append(f"- over {name}: {ratio.mean():.2f}x [{ratio.min():.2f}, {ratio.max():.2f}]")
+        lines.append("")
+    lines += ["### overlap (traced steps of each apapo run, partition.json)", "",
+              "| label | seed | plan (layers x ranks per stage) | compute s | comm s | exposed s | hidden share |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    exposed: dict[tuple[str, int], float] = {}
+    for _, row in table[table["method"] == "apapo"].iterrows():
+        record = json.loads((suite_dir / row["run_id"] / "partition.json").read_text())
+        overlap, stages = record.get("overlap", {}), record["graph_plan"]["stages"]
+        plan = " | ".join(f"{len(s['nodes'])}x{tuple(s['ranks'])}" for s in stages).replace("|", "/")
+        compute = sum(s["compute_s"] for s in overlap.get("stages", []))
+        share = overlap.get("hidden_share")
+        exposed[(row["label"], row["seed"])] = overlap.get("exposed_s", float("nan"))
+        lines.append(f"| {row['label']} | {row['seed']} | {plan} | {compute:.3f} | {overlap.get('comm_s', 0):.3f} | "
+                     f"{overlap.get('exposed_s', 0):.3f} | {'' if share is None else f'{share:.2f}'} |")
+    lines.append("")
+    for (label, seed), value in sorted(exposed.items()):
+        if "no-overlap" in label:
+            on = exposed.get((label.replace(" no-overlap", ""), seed))
+            if on is not None and value > 0:
+                lines.append(f"- {label.replace(' no-overlap', '')}, seed {seed}: exposed communication with "
+                             f"overlap {on:.3f} s, without {value:.3f} s: {1 - on / value:.0%} of it hidden")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    runner = sub.add_parser("run", help="run suites/apapo.toml seed by seed, then the report")
+    runner.add_argument("--out", default="results")
+    runner.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    summary = sub.add_parser("summarize", help="markdown tables from a reported suite folder")
+    summary.add_argument("suite_dir", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        run(args.out, args.seeds)
+    else:
+        print(summarize(args.suite_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
