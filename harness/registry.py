@@ -30,6 +30,7 @@ BUILTIN_METHODS: dict[str, str] = {
     "1f1b": "methods.pipeline.one_f_one_b:OneFOneB",
     "pipedream": "methods.pipeline.pipedream:PipeDream",
     "interleaved-1f1b": "methods.pipeline.interleaved:Interleaved1F1B",
+    "pb": "methods.pipeline.pb:PipelinedBackprop",
     "apapo": "methods.pipeline.apapo:APapo",
 }
 

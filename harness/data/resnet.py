@@ -7,18 +7,18 @@ from torch import nn
 from torch.nn import functional as F
 
 STAGE_WIDTHS = (16, 32, 64)
-#: Groups of GroupNorm (Wu and He 2018) in the `norm = "group"` ResNets: 8 divides every stage width (16, 32, 64).
-GROUPS = 8
+#: Channels per group of the GroupNorm variant (Wu and He, 2018): 16/32/64 channels -> 4/8/16 groups.
+GROUP_CHANNELS = 4
 
 
 def norm_layer(kind: str, channels: int) -> nn.Module:
-    """BatchNorm ('batch', He et al.'s choice) or GroupNorm with GROUPS groups ('group': no batch statistics, so a
-    microbatch's output does not depend on the other samples of its microbatch)."""
+    """BatchNorm2d ('batch', the paper's) or GroupNorm with GROUP_CHANNELS channels per group ('group': independent of
+    the batch, so usable at batch size 1, as Pipelined Backpropagation needs)."""
     if kind == "batch":
         return nn.BatchNorm2d(channels)
     if kind == "group":
-        return nn.GroupNorm(GROUPS, channels)
-    raise ValueError(f"norm must be 'batch' or 'group', got {kind!r}")
+        return nn.GroupNorm(max(1, channels // GROUP_CHANNELS), channels)
+    raise ValueError(f"unknown norm {kind!r} (batch, group)")
 
 
 def _conv3x3(in_channels: int, out_channels: int, stride: int = 1) -> nn.Conv2d:
@@ -61,19 +61,20 @@ def _init_weights(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, nn.Conv2d):
             nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-        elif isinstance(module, nn.BatchNorm2d):
+        elif isinstance(module, (nn.BatchNorm2d, nn.GroupNorm)):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Linear):
             nn.init.zeros_(module.bias)
 
 
-def cifar_resnet(depth: int, classes: int = 10, in_channels: int = 3, norm: str = "batch") -> nn.Sequential:
-    """A CIFAR ResNet of `depth` = 6n+2 layers: stem, 3n BasicBlocks (widths 16/32/64), head.
+def cifar_resnet(depth: int, classes: int = 10, norm: str = "batch", in_channels: int = 3) -> nn.Sequential:
+    """A CIFAR ResNet of `depth` = 6n+2 layers: stem, 3n BasicBlocks (widths 16/32/64), head; `norm` = 'batch' or
+    'group' (norm_layer).
 
     Block 0 is the stem (3x3 conv to 16 channels, BN, ReLU), blocks 1..3n the BasicBlocks, block 3n+1 the head
-    (global average pool, flatten, linear). Input N x in_channels x H x W (3 x 32 x 32 for CIFAR), output
-    N x classes logits. `norm` = 'group' puts GroupNorm where BatchNorm is (norm_layer).
+    (global average pool, flatten, linear). Input N x in_channels x H x W (3 x 32 x 32 for CIFAR; 1 x 8 x 8 for
+    digits-resnet), output N x classes logits.
     """
     if depth < 8 or (depth - 2) % 6 != 0:
         raise ValueError(f"CIFAR ResNet depth must be 6n+2 with n >= 1 (8, 14, 20, 32, 44, 56, 110, ...), "
@@ -92,10 +93,10 @@ def cifar_resnet(depth: int, classes: int = 10, in_channels: int = 3, norm: str 
     return model
 
 
-def resnet20(classes: int = 10) -> nn.Sequential:
+def resnet20(classes: int = 10, norm: str = "batch") -> nn.Sequential:
     """ResNet-20 for CIFAR: 11 blocks (stem, 9 BasicBlocks, head), 269,722 parameters with 10 classes.
 
     The count is option A's (parameter-free shortcuts). 272,474, sometimes quoted, is option B: it adds a 1x1
     conv + BN projection at the two downsampling blocks (576 + 2,176 parameters).
     """
-    return cifar_resnet(20, classes)
+    return cifar_resnet(20, classes, norm)

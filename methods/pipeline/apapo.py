@@ -114,7 +114,7 @@ class APapo(PipelineMethod):
     def make_policy(self, stage: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer
                     ) -> WeightPolicy:
         delay = apapo_schedule.version_delay(stages, self.ctx.params.iterations_in_flight)
-        return DoubleBuffered(module, optimizer, self.ctx.params.microbatches, delay)
+        return DoubleBuffered(module, self.ctx.params.microbatches, delay)
 
     def make_placement(self, stages: int, replicas: list[int]) -> Placement:
         return Placement(self.groups)

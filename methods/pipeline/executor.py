@@ -74,7 +74,7 @@ def run_compute(stage: Stage, action: Action, view: Microbatches, inbox: dict, o
             outbox[("act", key)] = out
         return stage.version_of(key)
     if action.op is Op.BACKWARD:
-        version = stage.version_of(key)
+        version = stage.backward_version_of(key)
         grad = stage.backward(key, None if stage.last else inbox.pop(("grad", key)))
         if not stage.first:
             outbox[("grad", key)] = grad

@@ -204,6 +204,10 @@ class PipelineMethod(Method):
         return Stage(s, self.num_stages, module, optimizer, self.make_policy(s, self.num_stages, module, optimizer),
                      self.ctx.workload.loss, self.backward_mode)
 
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizer of every stage replica on this rank (every replica of every stage in the virtual mode)."""
+        return [stage.optimizer for _, stage in sorted(self.workers.items())]
+
     def _replica_comms(self, comm: Communicator) -> dict[int, Communicator]:
         """A communicator per replicated stage, over its replicas (collective: every rank creates every group)."""
         comms = {}

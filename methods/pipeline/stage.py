@@ -152,7 +152,13 @@ class Stage:
         return None if self.first else x.grad
 
     def version_of(self, key: Key) -> int:
+        """The weight version the forward of `key` used."""
         return self._saved[key].version
+
+    def backward_version_of(self, key: Key) -> int:
+        """The weight version the backward of `key` will differentiate: the forward's, or in `current` mode the live
+        one (the updates since the forward are its delay)."""
+        return self.policy.version if self.backward_mode == "current" else self._saved[key].version
 
     # -- update and the replicas' gradient sync ----------------------------------------------------------------------
     def flat_gradients(self) -> torch.Tensor:
@@ -173,6 +179,7 @@ class Stage:
 
     def update(self) -> None:
         """The optimizer step on the accumulated gradients, then clear them: the next weight version."""
+        self.policy.before_update()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.policy.updated()

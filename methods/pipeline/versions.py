@@ -30,6 +30,9 @@ class WeightPolicy(abc.ABC):
     def backward_done(self, mb: int) -> None:  # noqa: B027 - a hook: policies without stashes have nothing to do
         """The backward of `mb` has run: its weights may be released."""
 
+    def before_update(self) -> None:  # noqa: B027 - a hook: most policies need nothing before an update
+        """The optimizer is about to step the live weights (a policy may keep what it needs of them)."""
+
     def updated(self) -> None:
         """The optimizer has stepped the live weights."""
         self.version += 1
@@ -138,11 +141,11 @@ class DoubleBuffered(WeightPolicy):
     schedule must have made version t - D before iteration t's first forward here (apapo_schedule.gate does).
 
     With D >= 1 the forwards run on detached copies (a version can change while its microbatches are in flight): the
-    live version is copied at its first forward, or just before the optimizer steps it (a step pre-hook), and a copy
+    live version is copied at its first forward, or just before the optimizer steps it (before_update), and a copy
     is dropped once no backward in flight and no later iteration can use it. With D = 1 at most two copies exist.
     """
 
-    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, microbatches: int, delay: int):
+    def __init__(self, module: nn.Module, microbatches: int, delay: int):
         super().__init__(module)
         if microbatches < 1 or delay < 0:
             raise ValueError(f"need microbatches >= 1 and delay >= 0, got {microbatches} and {delay}")
@@ -150,14 +153,16 @@ class DoubleBuffered(WeightPolicy):
         self._versions: dict[int, Weights] = {}
         self._users: dict[int, set[int]] = {}  # version -> microbatches whose backward still needs it
         self._of: dict[int, int] = {}  # microbatch -> version
-        if delay > 0:
-            optimizer.register_step_pre_hook(lambda optimizer, args, kwargs: self._keep_live())
 
     def wanted_version(self, mb: int) -> int:
         return max(0, mb // self.microbatches - self.delay)
 
+    def before_update(self) -> None:
+        """The live version stays in use after the update (by iteration live + D), so keep a copy."""
+        if self.delay > 0:
+            self._keep_live()
+
     def _keep_live(self) -> None:
-        """Before an update: the live version stays in use (by iteration live + D), so keep a copy."""
         if self.version not in self._versions:
             self._versions[self.version] = {name: p.detach().clone().requires_grad_(p.requires_grad)
                                             for name, p in self.module.named_parameters()}
