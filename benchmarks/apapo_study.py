@@ -3,6 +3,7 @@ final accuracy, speed-ups over the other methods and the communication hidden by
 
     python benchmarks/apapo_study.py run [--out results]        # seed 0 of every run, then seed 1, then seed 2
     python benchmarks/apapo_study.py summarize results/apapo     # after `dtbench report results/apapo`
+    python benchmarks/apapo_study.py delay                       # the delayed update's accuracy, one process
 
 `run` prints `uptime` before each pass (other work on the machine changes every timing) and writes the report.
 `summarize` prints markdown: per label the mean (and spread over seeds) of samples/s, time to target and final
@@ -94,6 +95,38 @@ def summarize(suite_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def delayed_sgd(batch: int, lr: float, momentum: float, delay: int, epochs: int, seed: int = 0) -> float:
+    """Test accuracy of digits-resnet after `epochs` of W(t+1) = W(t) - SGD(grad f(W(t - delay))): what apapo computes
+    with D = delay (tests/test_apapo.py checks the two agree bitwise), on one process, one thread."""
+    import torch
+    from torch.func import functional_call
+
+    from harness import registry
+    from harness.data.tensors import DataOrder
+
+    torch.set_num_threads(1)
+    workload = registry.WORKLOADS.get("digits-resnet").instantiate({})
+    torch.manual_seed(seed)
+    model = workload.make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    order = DataOrder(len(workload.train), batch, seed)
+    versions = {0: {k: v.detach().clone() for k, v in model.named_parameters()}}
+    for t in range(order.steps_per_epoch * epochs):
+        used = {k: v.clone().requires_grad_(True) for k, v in versions[max(0, t - delay)].items()}
+        ids = order.batch(t)
+        outputs = functional_call(model, used, (workload.train.inputs(ids),))
+        workload.loss(outputs, workload.train.targets(ids)).backward()
+        for name, p in model.named_parameters():
+            p.grad = used[name].grad
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        versions[t + 1] = {k: v.detach().clone() for k, v in model.named_parameters()}
+        versions.pop(t - delay, None)
+    with torch.no_grad():
+        logits = model(workload.test.inputs(torch.arange(len(workload.test))))
+    return float((logits.argmax(1) == workload.test.targets(torch.arange(len(workload.test)))).float().mean())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -102,9 +135,17 @@ def main(argv: list[str] | None = None) -> int:
     runner.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     summary = sub.add_parser("summarize", help="markdown tables from a reported suite folder")
     summary.add_argument("suite_dir", type=Path)
+    delay = sub.add_parser("delay", help="accuracy of SGD with a delayed gradient (2BW's update) on digits-resnet")
+    delay.add_argument("--epochs", type=int, default=6)
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args.out, args.seeds)
+    elif args.command == "delay":
+        print("| batch | lr | momentum | delay | test accuracy |\n| --- | --- | --- | --- | --- |")
+        for batch, lr, momentum in [(128, 0.1, 0.9), (128, 0.02, 0.9), (128, 0.1, 0.5), (128, 0.1, 0.0)]:
+            for d in (0, 1):
+                accuracy = delayed_sgd(batch, lr, momentum, d, args.epochs)
+                print(f"| {batch} | {lr} | {momentum} | {d} | {accuracy:.3f} |", flush=True)
     else:
         print(summarize(args.suite_dir))
     return 0

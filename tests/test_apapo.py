@@ -24,11 +24,14 @@ def _make(name, params=None, rank=0, world_size=1, run_dir=None, workload="digit
     return cls(ctx)
 
 
-def _train(method, steps, batch_size=32):
+def _train(method, steps, batch_size=32, evaluate_after=None):
     data = method.ctx.workload.train
     order = DataOrder(len(data), batch_size, seed=0)
-    losses = [method.train_step(Batch(t, t / order.steps_per_epoch, order.batch(t), data, 0)).loss
-              for t in range(steps)]
+    losses = []
+    for t in range(steps):
+        losses.append(method.train_step(Batch(t, t / order.steps_per_epoch, order.batch(t), data, 0)).loss)
+        if t == evaluate_after:  # as the runner does between steps: a collective with microbatches in flight
+            method.evaluate(method.ctx.workload.test)
     method.end_training()
     return losses
 
@@ -133,7 +136,7 @@ def test_the_antichain_plan_and_its_record(tmp_path):
 
 def _ranks(rank, world_size, params, steps, run_dir):
     method = _make("apapo", params, rank, world_size, run_dir=run_dir)
-    losses = _train(method, steps)
+    losses = _train(method, steps, evaluate_after=1)
     result = method.evaluate(method.ctx.workload.test)
     method.finish()
     flat = {s: torch.cat([p.detach().flatten() for p in st.module.parameters()]) for s, st in method.stages.items()}
@@ -145,6 +148,7 @@ def _ranks(rank, world_size, params, steps, run_dir):
     ({"partition": THROUGH_A_SKIP, "overlap": True}, 2),
     ({"partition": THROUGH_A_SKIP, "overlap": False, "microbatches": 2}, 2),
     ({"partition": "uniform", "replicas": [2, 1], "microbatches": 4}, 3),
+    ({"partition": "uniform", "stages": 3, "overlap": False, "microbatches": 2}, 3),
 ])
 def test_multi_process_equals_the_virtual_executor(params, world_size, tmp_path):
     out = spawn(_ranks, world_size, params, 5, tmp_path)

@@ -45,12 +45,7 @@ def _forward(stage: int, stages: int, u: int, microbatches: int) -> list[Action]
     return [Action(a.op, a.stage, a.mb, u // microbatches) for a in forward_unit(stage, stages, u)]
 
 
-def segment(stage: int, stages: int, microbatches: int, delay: int, iteration: int) -> list[Action]:
-    """Stage s's actions in runner step t: from the forward of iteration t's first microbatch up to (not including)
-    that of iteration t+1. In the whole run's order each backward B(v) is followed by the forwards F(u) with
-    g(u) = v (after B(-1): the start), and the last backward of an iteration by its update. A microbatch is named
-    by its global number u = t·M + j, its iteration t = u // M (so '0F5@1' is microbatch 1 of iteration 1 with
-    M = 4). The forwards of iteration t all run in step t; the backwards of earlier iterations may too."""
+def _raw_segment(stage: int, stages: int, microbatches: int, delay: int, iteration: int) -> list[Action]:
     m, s, d = microbatches, stage, delay
     first, after = iteration * m, (iteration + 1) * m
     out: list[Action] = []
@@ -66,10 +61,37 @@ def segment(stage: int, stages: int, microbatches: int, delay: int, iteration: i
         out += _backward(s, stages, v, m)
 
 
+def segment(stage: int, stages: int, microbatches: int, delay: int, iteration: int) -> list[Action]:
+    """Stage s's actions in runner step t: from the forward of iteration t's first microbatch up to (not including)
+    that of iteration t+1. In the whole run's order each backward B(v) is followed by the forwards F(u) with
+    g(u) = v (after B(-1): the start), and the last backward of an iteration by its update. A microbatch is named
+    by its global number u = t·M + j, its iteration t = u // M (so '0F5@1' is microbatch 1 of iteration 1 with
+    M = 4). The forwards of iteration t all run in step t; the backwards of earlier iterations may too.
+
+    No message crosses a step: a stage sends the gradient of v in the step where stage s-1 runs the backward of v
+    (at the step's start when its own backward of v ran in an earlier step), so every step's sends are received
+    in it, and nothing is in flight while the runner evaluates between steps."""
+    out = _raw_segment(stage, stages, microbatches, delay, iteration)
+    if stage == 0:
+        return out
+    m, t = microbatches, iteration
+    received_by = gate((t + 1) * m, stage - 1, stages, m, delay)  # stage s-1's last backward in steps <= t
+    out = [a for a in out if not (a.op is Op.SEND_GRAD and a.mb > received_by)]
+    sent_before = gate(t * m, stage, stages, m, delay)  # this stage's last backward in steps < t
+    held = range(gate(t * m, stage - 1, stages, m, delay) + 1, min(received_by, sent_before) + 1)
+    return [Action(Op.SEND_GRAD, stage, v, v // m) for v in held] + out
+
+
 def drain(stage: int, stages: int, microbatches: int, delay: int, iterations: int) -> list[Action]:
-    """After `iterations` steps: the backwards (and updates) still due at stage s, so every iteration is applied."""
+    """After `iterations` steps: the backwards (and updates) still due at stage s, so every iteration is applied,
+    after the gradient sends held back for them."""
     last = gate(iterations * microbatches, stage, stages, microbatches, delay)
-    return [a for v in range(last + 1, iterations * microbatches) for a in _backward(stage, stages, v, microbatches)]
+    held = []
+    if stage > 0:
+        receiver_last = gate(iterations * microbatches, stage - 1, stages, microbatches, delay)
+        held = [Action(Op.SEND_GRAD, stage, v, v // microbatches) for v in range(receiver_last + 1, last + 1)]
+    return held + [a for v in range(last + 1, iterations * microbatches)
+                   for a in _backward(stage, stages, v, microbatches)]
 
 
 def apapo(stages: int, microbatches: int, iterations_in_flight: int, iterations: int) -> Schedule:

@@ -14,7 +14,7 @@ from harness.comm.tags import Tag
 from methods.pipeline.antichain import Hardware
 
 
-def time_step(model: nn.Module, example: torch.Tensor, repeats: int = 3) -> float:
+def time_step(model: nn.Module, example: torch.Tensor, repeats: int = 5) -> float:
     """Median seconds of one forward and backward of `model` on `example` (after one untimed run). Gradients go
     through torch.autograd.grad, so no .grad is written; buffers are restored."""
     saved = [b.detach().clone() for b in model.buffers()]
