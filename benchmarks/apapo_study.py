@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,12 +43,18 @@ def run(out: str, seeds: list[int]) -> None:
     subprocess.run([sys.executable, "-m", "harness.cli", "report", str(Path(out) / "apapo")], check=True)
 
 
+BASELINES = ("sgd", "ddp", "gpipe", "1f1b", "pipedream")
+
+
 def setup_of(label: str) -> str:
-    return "unequal ranks (threads 2+1)" if label.endswith("hetero") else "equal ranks (1+1 threads)"
+    return ("unequal ranks (3 ranks: CPU 0 | CPU 1 | CPU 1)" if label.endswith("hetero")
+            else "equal ranks (2 ranks, one core each)")
 
 
 def method_of(label: str) -> str:
-    return label.removesuffix(" hetero").removesuffix(" x2").removesuffix(" x1")
+    """'apapo pipeline x2 hetero' -> 'apapo pipeline'; default labels lose their bookkeeping params too."""
+    name = re.sub(r" x\d+$", "", label.removesuffix(" hetero"))
+    return re.sub(r" (trace_steps|microbatches)=\d+", "", name)
 
 
 def summarize(suite_dir: Path) -> str:
@@ -63,14 +70,20 @@ def summarize(suite_dir: Path) -> str:
             lines.append(f"| {name} | {len(rows)} | {rows['samples_per_s'].mean():.0f} ± "
                          f"{rows['samples_per_s'].std():.0f} | {tt.mean():.2f} ({tt.notna().sum()}/{len(rows)} "
                          f"reached) | {rows['final_accuracy'].mean():.3f} |")
-        lines += ["", "apapo's throughput over each method's (seed by seed, mean [min, max]):", ""]
-        apapo = group[group["name"] == "apapo"].set_index("seed")["samples_per_s"]
+        lines += ["", "throughput of each apapo variant over each baseline's, seed by seed: mean [min, max]", "",
+                  "| apapo variant | " + " | ".join(b for b in BASELINES if b in set(group["name"])) + " |",
+                  "| --- |" + " --- |" * len([b for b in BASELINES if b in set(group["name"])])]
         for name, rows in group.groupby("name", sort=False):
-            if name == "apapo":
+            if not name.startswith("apapo"):
                 continue
-            ratio = (apapo / rows.set_index("seed")["samples_per_s"]).dropna()
-            if len(ratio):
-                lines.append(f"- over {name}: {ratio.mean():.2f}x [{ratio.min():.2f}, {ratio.max():.2f}]")
+            mine = rows.set_index("seed")["samples_per_s"]
+            cells = []
+            for baseline in BASELINES:
+                other = group[group["name"] == baseline].set_index("seed")["samples_per_s"]
+                if len(other):
+                    ratio = (mine / other).dropna()
+                    cells.append(f"{ratio.mean():.2f} [{ratio.min():.2f}, {ratio.max():.2f}]")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["### overlap (traced steps of each apapo run, partition.json)", "",
               "| label | seed | plan (layers x ranks per stage) | compute s | comm s | exposed s | hidden share |",
