@@ -32,6 +32,7 @@ BUILTIN_METHODS: dict[str, str] = {
     "interleaved-1f1b": "methods.pipeline.interleaved:Interleaved1F1B",
     "pb": "methods.pipeline.pb:PipelinedBackprop",
     "qfb": "methods.pipeline.qfb:QFB",
+    "apapo": "methods.pipeline.apapo:APapo",
 }
 
 

@@ -10,6 +10,7 @@ class Tag(IntEnum):
 
     CHANNEL_*: the bounded forward channel (harness/comm/channel.py): data, sample ids, credits back.
     EVAL_CHAIN: evaluation through a chain of ranks (methods/blocks.py), apart from training traffic.
+    BANDWIDTH_PROBE: the link measurement before a run (methods/pipeline/hardware.py).
     ACTIVATIONS, ACTIVATION_GRADS: a pipeline's stage-to-stage tensors (methods/pipeline/executor.py): the stream
     across the boundary between stages b and b+1 has tag pipeline_tag(kind, b), so that two stages of one rank that
     talk to the same peer (interleaved schedules) keep their streams apart.
@@ -19,6 +20,7 @@ class Tag(IntEnum):
     CHANNEL_IDS = 12
     CHANNEL_CREDIT = 13
     EVAL_CHAIN = 21
+    BANDWIDTH_PROBE = 31
     ACTIVATIONS = 1000
     ACTIVATION_GRADS = 2000
 

@@ -68,19 +68,20 @@ def _init_weights(model: nn.Module) -> None:
             nn.init.zeros_(module.bias)
 
 
-def cifar_resnet(depth: int, classes: int = 10, norm: str = "batch") -> nn.Sequential:
+def cifar_resnet(depth: int, classes: int = 10, norm: str = "batch", in_channels: int = 3) -> nn.Sequential:
     """A CIFAR ResNet of `depth` = 6n+2 layers: stem, 3n BasicBlocks (widths 16/32/64), head; `norm` = 'batch' or
     'group' (norm_layer).
 
     Block 0 is the stem (3x3 conv to 16 channels, BN, ReLU), blocks 1..3n the BasicBlocks, block 3n+1 the head
-    (global average pool, flatten, linear). Input N x 3 x 32 x 32, output N x classes logits.
+    (global average pool, flatten, linear). Input N x in_channels x H x W (3 x 32 x 32 for CIFAR; 1 x 8 x 8 for
+    digits-resnet), output N x classes logits.
     """
     if depth < 8 or (depth - 2) % 6 != 0:
         raise ValueError(f"CIFAR ResNet depth must be 6n+2 with n >= 1 (8, 14, 20, 32, 44, 56, 110, ...), "
                          f"got {depth}")
     blocks_per_stage = (depth - 2) // 6
     width = STAGE_WIDTHS[0]
-    blocks: list[nn.Module] = [nn.Sequential(_conv3x3(3, width), norm_layer(norm, width), nn.ReLU())]
+    blocks: list[nn.Module] = [nn.Sequential(_conv3x3(in_channels, width), norm_layer(norm, width), nn.ReLU())]
     for stage, stage_width in enumerate(STAGE_WIDTHS):
         for i in range(blocks_per_stage):
             stride = 2 if stage > 0 and i == 0 else 1

@@ -40,6 +40,15 @@ class ResNetOptions(BaseModel):
     norm: Literal["batch", "group"] = "batch"
 
 
+class DigitsResNetOptions(BaseModel):
+    """Depth and normalization of the digits-resnet workload."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    depth: int = Field(default=20, ge=8, description="6n+2 layers: 8, 14, 20, ...")
+    norm: Literal["group", "batch"] = "group"
+
+
 def _digits_mlp(options: NoOptions, data_root: str | None) -> Instance:
     train, test = sources.digits()
     return Instance(train, test, lambda: models.mlp(64, 128, 2, 10))
@@ -54,6 +63,13 @@ def _synthetic_mlp(options: SyntheticOptions, data_root: str | None) -> Instance
     o = options
     train, test = sources.synthetic(o.num_train, o.num_test, o.in_features, o.classes)
     return Instance(train, test, lambda: models.mlp(o.in_features, o.hidden, o.depth, o.classes), classes=o.classes)
+
+
+def _digits_resnet(options: DigitsResNetOptions, data_root: str | None) -> Instance:
+    from harness.data import resnet
+
+    train, test = sources.digits()
+    return Instance(train, test, lambda: resnet.cifar_resnet(options.depth, 10, options.norm, in_channels=1))
 
 
 def _cifar10_resnet20(options: ResNetOptions, data_root: str | None) -> Instance:
@@ -77,6 +93,10 @@ SYNTHETIC_MLP = Workload(
     "random data of any size, for performance work", _synthetic_mlp,
     Budget(max_epochs=5, eval_every_epochs=1, target_accuracy=0.8),
     {"batch_size": 128, "lr": 0.05, "momentum": 0.9}, SyntheticOptions)
+DIGITS_RESNET = Workload(
+    "digits-resnet", "sklearn digits (8x8, 10 classes)", "ResNet-20 with GroupNorm (depth and norm as options)",
+    "a model whose layer graph is not a chain (skip connections), small enough for CPU studies",
+    _digits_resnet, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9}, DigitsResNetOptions)
 CIFAR10_RESNET20 = Workload(
     "cifar10-resnet20", "CIFAR-10 (local files)", "ResNet-20 (He et al. 2016, 0.27M params)",
     "the standard CIFAR study; needs the dataset on disk (see docs/data.md)", _cifar10_resnet20,
@@ -85,4 +105,4 @@ CIFAR10_RESNET20 = Workload(
 
 #: Built-in workload names -> attributes of this module (harness/registry.py imports them by reference).
 BUILTIN: dict[str, str] = {"digits-mlp": "DIGITS_MLP", "digits-cnn": "DIGITS_CNN", "synthetic-mlp": "SYNTHETIC_MLP",
-                           "cifar10-resnet20": "CIFAR10_RESNET20"}
+                           "cifar10-resnet20": "CIFAR10_RESNET20", "digits-resnet": "DIGITS_RESNET"}

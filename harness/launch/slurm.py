@@ -22,7 +22,7 @@ from harness.launch.failures import describe_failure, error_time
 from harness.launch.sites import Commands, Site
 from harness.run.records import utc_now, write_json, write_status
 from harness.run.worker import ERROR_FILE
-from harness.suite.spec import RunSpec
+from harness.suite.spec import RunSpec, rank_threads
 
 JOBS_FILE = "jobs.json"  # in <out>/<suite>/slurm/: run id -> job id, and the site's command names
 
@@ -112,9 +112,10 @@ class SiteExecutor(SlurmExecutor):
 def executor_parameters(spec: RunSpec, site: Site) -> dict[str, Any]:
     """submitit parameters of one run's job: nodes x tasks per node = world size, and the site's limits."""
     tasks_per_node = spec.world_size // spec.nodes
+    threads = max(rank_threads(spec.threads_per_rank, r) for r in range(spec.world_size))
     params: dict[str, Any] = {
         "job_name": f"dtbench-{spec.suite}", "nodes": spec.nodes, "ntasks_per_node": tasks_per_node,
-        "cpus_per_task": site.cpus_per_task or spec.threads_per_rank, "time": site.time_min,
+        "cpus_per_task": site.cpus_per_task or threads, "time": site.time_min,
         "signal_delay_s": site.signal_delay_s, "setup": list(site.setup), "stderr_to_stdout": True,
     }
     for name in ("partition", "account", "qos"):

@@ -58,7 +58,7 @@ def slurm_job_id() -> str | None:
     return os.environ.get("SLURM_JOB_ID")
 
 
-def build(seed: int, launcher: str, run_dir: Path, threads_per_rank: int, argv: list[str] | None = None,
+def build(seed: int, launcher: str, run_dir: Path, threads_per_rank: int | list[int], argv: list[str] | None = None,
           network: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything that says where a run came from. Cheap: called once per run, before training.
 

@@ -102,10 +102,12 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     from harness.run.clock import TrainClock
     from harness.run.loop import Loop
     from harness.run.records import MetricsWriter, write_json, write_status
-    from harness.suite.spec import RunSpec
+    from harness.suite.spec import RunSpec, rank_threads
 
     spec = RunSpec.model_validate_json(spec_json)
-    torch.set_num_threads(spec.threads_per_rank)
+    if spec.cpus_per_rank is not None:  # a heterogeneous set-up: this rank confined to its CPUs
+        os.sched_setaffinity(0, spec.cpus_per_rank[rank])
+    torch.set_num_threads(rank_threads(spec.threads_per_rank, rank))
     if spec.deterministic:
         torch.use_deterministic_algorithms(True)
     cuda = torch.cuda.is_available()

@@ -25,7 +25,10 @@ class RunEntry(BaseModel):
     workload_options: dict[str, Any] = Field(default_factory=dict)
     params: dict[str, Any] = Field(default_factory=dict)
     label: str | None = None
-    threads_per_rank: int | None = Field(default=None, ge=1)
+    threads_per_rank: int | list[int] | None = Field(default=None, description="one count for every rank, or one "
+                                                     "per rank (a heterogeneous set-up)")
+    cpus_per_rank: list[list[int]] | None = Field(default=None, description="the CPUs each rank may run on (local "
+                                                  "launcher), e.g. [[0], [1], [1]]: two ranks share a core")
     budget: Budget | None = None
     nodes: int | None = Field(default=None, ge=1)
     network: NetworkSpec | None = None
@@ -119,6 +122,14 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
             raise FileError(f"{path}: {origin}.lr_schedule: {params.lr_schedule!r} needs a planned number of steps: "
                             "give the budget max_epochs or max_steps")
         threads = entry.threads_per_rank or suite.threads_per_rank or default_threads(entry.world_size)
+        counts = threads if isinstance(threads, list) else [threads]
+        if any(c < 1 for c in counts) or (isinstance(threads, list) and len(threads) != entry.world_size):
+            raise FileError(f"{path}: {where}.threads_per_rank: give a count >= 1, or a list of one per rank "
+                            f"({entry.world_size}), got {threads}")
+        cpus = entry.cpus_per_rank
+        if cpus is not None and (len(cpus) != entry.world_size or any(not c or min(c) < 0 for c in cpus)):
+            raise FileError(f"{path}: {where}.cpus_per_rank: give one non-empty list of CPU ids per rank "
+                            f"({entry.world_size}), got {cpus}")
         run_network = network or entry.network or suite.network
         label = entry.label or default_label(entry, method_cls.name)
         if run_network is not None:
@@ -134,7 +145,7 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
                 suite=suite.name, run_id=run_id, label=label, method=entry.method,
                 family=method_cls.family, workload=workload_name, workload_options=resolved_options,
                 world_size=entry.world_size, seed=seed, params=params.model_dump(), budget=budget,
-                threads_per_rank=threads, deterministic=suite.deterministic,
+                threads_per_rank=threads, cpus_per_rank=cpus, deterministic=suite.deterministic,
                 log_every_steps=suite.log_every_steps, checkpoint_every_steps=suite.checkpoint_every_steps,
                 nodes=nodes, data_root=suite.data_root, suite_file=str(path.resolve()), network=run_network,
                 method_origin=method_entry.origin, workload_origin=workload_entry.origin,

@@ -64,8 +64,9 @@ class RunSpec(BaseModel):
     seed: int
     params: dict[str, Any]
     budget: Budget
-    threads_per_rank: int
+    threads_per_rank: int | list[int]  # a list: rank r runs threads_per_rank[r] threads (heterogeneous ranks)
     deterministic: bool
+    cpus_per_rank: list[list[int]] | None = None  # rank r runs on CPUs cpus_per_rank[r] (sched_setaffinity)
     log_every_steps: int
     checkpoint_every_steps: int | None = None
     nodes: int = 1
@@ -119,6 +120,11 @@ def make_run_id(method: str, workload: str, world_size: int, params: dict[str, A
         digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:8]
         safe = f"{safe[:110]}-{digest}"
     return safe
+
+
+def rank_threads(threads_per_rank: int | list[int], rank: int) -> int:
+    """The intra-op threads of `rank`."""
+    return threads_per_rank[rank] if isinstance(threads_per_rank, list) else threads_per_rank
 
 
 def default_threads(world_size: int) -> int:

@@ -14,6 +14,7 @@ from harness.comm.tags import pipeline_tag
 from harness.trace import TraceEvent
 from methods.pipeline.codecs import Codec, Plain
 from methods.pipeline.interleaver import Interleaver, Message, destination_stage, message_of, stream_of
+from methods.pipeline.overlap import ArrivalWatch
 from methods.pipeline.placement import Placement
 from methods.pipeline.schedule import RECEIVES, SENDS, Action, Op, Schedule
 from methods.pipeline.stage import Key, Stage
@@ -95,38 +96,56 @@ class ProcessExecutor:
     """Runs one rank's action list: sends are isend (waited for one step later, so a send never holds up the
     stage), receives are posted at the start of the step and waited for at their action, whose duration is therefore
     the wait. Tensors go through the wire's codecs; the communicator counts the payload bytes as `activations` and
-    `activation_grads`. SYNC_GRADS all-reduces a stage's gradients among its replicas (`gradient_sync`)."""
+    `activation_grads`. SYNC_GRADS all-reduces a stage's gradients among its replicas (`gradient_sync`).
+
+    `overlap=False` turns the overlap off, for comparison: a receive is posted at its action and a send completed
+    there (or, when a receive follows it, together with that receive), so every transfer happens while the stage
+    waits. `watch` (with overlap) is a communication thread that completes the pre-posted receives and notes their
+    arrival (methods/pipeline/overlap.py)."""
 
     def __init__(self, rank: int, stages: Mapping[int, Stage], comm: Communicator, placement: Placement,
-                 wire: Wire, replica_comms: Mapping[int, Communicator] | None = None, sync_mean: bool = False):
+                 wire: Wire, replica_comms: Mapping[int, Communicator] | None = None, sync_mean: bool = False,
+                 overlap: bool = True, watch: ArrivalWatch | None = None):
         self.rank, self.stages, self.comm, self.placement, self.wire = rank, dict(stages), comm, placement, wire
         self.replica_comms, self.sync_mean = dict(replica_comms or {}), sync_mean
+        self.overlap, self.watch = overlap, watch
         self._boxes = {s: ({}, {}) for s in self.stages}  # per stage: (inbox, outbox)
         self._sends: list[dist.Work] = []
         self._older_sends: list[dist.Work] = []
         self._keep: list[torch.Tensor] = []  # send buffers stay alive until their send completes
         self._older_keep: list[torch.Tensor] = []
 
+    def _post(self, a: Action, views: Mapping[int, Microbatches]) -> tuple[torch.Tensor, dist.Work]:
+        message = message_of(a)
+        kind, src_stage, _, mb = message
+        size = views[a.stage].sizes[a.key]
+        buf = torch.empty(self.wire.codec(kind).nbytes(size * _numel(self.wire.shape(message, 1))), dtype=torch.uint8)
+        work = self.comm.irecv(buf, self.placement.owner(src_stage, mb), CATEGORY[kind],
+                               pipeline_tag(kind, min(src_stage, destination_stage(message))))
+        if self.overlap and self.watch is not None:
+            self.watch.watch(stream_of(message, self.placement), message, work)
+        return buf, work
+
     def run(self, actions: Sequence[Action], views: Mapping[int, Microbatches]) -> Trace:
         posted: dict[Message, tuple[torch.Tensor, dist.Work]] = {}
-        for a in actions:
-            if a.op in RECEIVES:
-                message = message_of(a)
-                kind, src_stage, _, mb = message
-                size = views[a.stage].sizes[a.key]
-                buf = torch.empty(self.wire.codec(kind).nbytes(size * _numel(self.wire.shape(message, 1))),
-                                  dtype=torch.uint8)
-                posted[message] = (buf, self.comm.irecv(buf, self.placement.owner(src_stage, mb), CATEGORY[kind],
-                                                        pipeline_tag(kind, min(src_stage, destination_stage(message)))))
+        if self.overlap:
+            posted = {message_of(a): self._post(a, views) for a in actions if a.op in RECEIVES}
+        exchange: tuple[dist.Work, torch.Tensor] | None = None  # without overlap: a send completed with a receive
         trace = Trace()
         clock = time.perf_counter
-        for a in actions:
+        for index, a in enumerate(actions):
             start = clock()
             version = -1
             if a.op in RECEIVES:
                 message = message_of(a)
-                buf, work = posted.pop(message)
-                work.wait()
+                buf, work = posted.pop(message) if message in posted else self._post(a, views)
+                if self.overlap and self.watch is not None:
+                    self.watch.wait(message)
+                else:
+                    work.wait()
+                if exchange is not None:
+                    exchange[0].wait()
+                    exchange = None
                 kind = message[0]
                 tensor = self.wire.codec(kind).decode(buf, self.wire.shape(message, views[a.stage].sizes[a.key]))
                 self._boxes[a.stage][0][(kind, a.key)] = tensor
@@ -137,8 +156,18 @@ class ProcessExecutor:
                                                        stream_of(message, self.placement))
                 dst = self.placement.owner(destination_stage(message), mb)
                 tag = pipeline_tag(kind, min(stage, destination_stage(message)))
-                self._sends.append(self.comm.isend(payload, dst, CATEGORY[kind], tag))
-                self._keep.append(payload)
+                work = self.comm.isend(payload, dst, CATEGORY[kind], tag)
+                following = actions[index + 1] if index + 1 < len(actions) else None
+                if self.overlap:
+                    self._sends.append(work)
+                    self._keep.append(payload)
+                elif following is not None and following.op in RECEIVES:
+                    # a send then a receive complete together (as Megatron-LM's send_forward_recv_backward): gloo's
+                    # send waits for the peer's receive, and two blocking sends towards each other would deadlock
+                    posted[message_of(following)] = self._post(following, views)
+                    exchange = (work, payload)
+                else:
+                    work.wait()
             elif a.op is Op.SYNC_GRADS:
                 self._sync(self.stages[a.stage])
             else:

@@ -131,20 +131,35 @@ class PipelineMethod(Method):
         """Samples per microbatch, for the profiler."""
         return self.ctx.params.batch_size
 
+    def make_blocks(self, example: torch.Tensor) -> list[nn.Module]:
+        """The blocks the plan cuts into stages (default: the workload's model's blocks; `example` is a microbatch of
+        training inputs on the run's device)."""
+        return list(self.ctx.workload.make_model().to(self.ctx.device))
+
+    def make_plan(self, blocks: list[nn.Module], example: torch.Tensor, stages: int | None) -> planning.Plan:
+        """Each stage's block range and replicas, the same on every rank (collective): the partition and replicas
+        the suite asked for (planning.make_plan)."""
+        params = self.ctx.params
+        auto = params.replicas == "auto"
+        replicas = params.replicas if isinstance(params.replicas, list) else None
+        return planning.make_plan(blocks, example, params.partition, params.stages if auto else stages,
+                                  replicas or (None if auto else [1] * stages), self.ctx.world_size,
+                                  params.bandwidth, self.ctx.comm, auto_replicas=auto)
+
+    def executor_options(self) -> dict[str, Any]:
+        """Extra keyword arguments of this rank's ProcessExecutor (e.g. overlap; default none)."""
+        return {}
+
     # -- set-up ----------------------------------------------------------------------------------------------------
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         params = ctx.params
-        blocks = list(ctx.workload.make_model().to(ctx.device))
+        example = ctx.workload.train.inputs(torch.arange(min(len(ctx.workload.train), self.microbatch_size())))
+        blocks = self.make_blocks(example.to(ctx.device))
         stages = self.requested_stages(ctx.world_size, params)
         if stages is not None and len(blocks) < stages:
             raise ValueError(f"the workload's model has {len(blocks)} blocks: too few for {stages} stages")
-        example = ctx.workload.train.inputs(torch.arange(min(len(ctx.workload.train), self.microbatch_size())))
-        auto = params.replicas == "auto"
-        replicas = params.replicas if isinstance(params.replicas, list) else None
-        self.plan = planning.make_plan(blocks, example.to(ctx.device), params.partition,
-                                       params.stages if auto else stages, replicas or (None if auto else [1] * stages),
-                                       ctx.world_size, params.bandwidth, ctx.comm, auto_replicas=auto)
+        self.plan = self.make_plan(blocks, example.to(ctx.device), stages)
         self.ranges, self.num_stages = self.plan.ranges, len(self.plan.ranges)
         self.placement = self.make_placement(self.num_stages, self.plan.replicas)
         if not self.virtual and self.placement.world_size != ctx.world_size:
@@ -162,7 +177,7 @@ class PipelineMethod(Method):
             replica_comms = self._replica_comms(ctx.comm)
             mine = {s: stage for (_, s), stage in self.workers.items()}
             self.executor = ProcessExecutor(ctx.rank, mine, ctx.comm, self.placement, wire, replica_comms,
-                                            self.sync_mean)
+                                            self.sync_mean, **self.executor_options())
         self.times = {s: planning.StageTimes() for s in range(self.num_stages)}
         if ctx.rank == 0:
             self._write_partition(measured=None)

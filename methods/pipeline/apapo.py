@@ -1,0 +1,256 @@
+"""APapo (Liu and Ju, FGCS 2024): an augmented-antichain DP partition onto the measured hardware, a multi-iteration
+asynchronous pipeline with double-buffered weights, and computation overlapped with communication."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from harness.data.tensors import Batch
+from harness.method import RunContext, StepStats
+from methods.blocks import VIRTUAL_DEFAULT_PARTS, uniform_split
+from methods.pipeline import antichain, apapo_schedule, layers
+from methods.pipeline.hardware import hardware_for
+from methods.pipeline.interleaver import Interleaver
+from methods.pipeline.method import PipelineMethod, PipelineParams
+from methods.pipeline.overlap import ArrivalWatch, overlap_summary, read_records
+from methods.pipeline.placement import Placement, place
+from methods.pipeline.planning import Plan
+from methods.pipeline.profiler import profiles_to_dicts
+from methods.pipeline.schedule import Schedule
+from methods.pipeline.versions import DoubleBuffered, WeightPolicy
+
+
+class APapoParams(PipelineParams):
+    microbatches: int = Field(default=4, ge=1, description="microbatches per iteration (M); one update per iteration")
+    iterations_in_flight: int = Field(default=2, ge=1, description="K: iterations a stage may have in flight; weights "
+                                      "are K-1 versions old (2: PipeDream-2BW's double buffering; 1: a flush)")
+    partition: Literal["antichain", "uniform"] | list[int] = Field(
+        default="antichain", description="'antichain' (the DP over the layer graph's down-sets, on the measured "
+        "ranks and links), 'uniform' (equal layer counts in topological order), or the first layer node of every "
+        "stage after the first (node 0 is the input)")
+    replicas: list[int] | None = Field(default=None, description="with 'uniform' or a list: replicas of each stage "
+                                       "(default one rank each); 'antichain' chooses them itself")
+    replicate: bool = Field(default=True, description="antichain: may replicate stages where it pays (False: one "
+                            "rank per stage, as many stages as ranks)")
+    overlap: bool = Field(default=True, description="receives posted ahead and completed by a communication thread, "
+                          "sends in the background (False: every transfer blocks at its action)")
+    rank_speeds: Literal["measured"] | list[float] = Field(
+        default="measured", description="each rank's compute speed relative to rank 0, or 'measured'")
+    bandwidth: Literal["measured"] | float | list[list[float]] = Field(  # type: ignore[assignment]
+        default="measured", description="bytes/s of every link: one number, a ranks x ranks matrix, or 'measured'")
+
+
+class APapo(PipelineMethod):
+    """APapo, as read from its abstract (the paper is not public; docs/methods.md says what is taken from where).
+
+    1. Partition: the model's layer graph (torch.fx: ResNet's skip connections are edges) is cut by PipeDream's
+       augmented-antichain DP (antichain.py): the states are the graph's down-sets, a stage is the difference of two
+       nested ones, and each stage gets a group of ranks (replicated where it pays) so that the slowest stage or
+       boundary transfer is smallest, with every rank's measured speed and every link's measured bandwidth. A stage
+       may receive several tensors (a skip connection crossing the cut): they travel as one flat payload.
+    2. Schedule (apapo_schedule.py): iteration t is M microbatches and one update per stage. Stages run 1F1B over
+       the stream of microbatches without flushing, so K = iterations_in_flight iterations overlap; the forward
+       and the backward of iteration t use weight version t - D, D = K - 1 (D = 1: PipeDream-2BW,
+       W(t+1) = W(t) - lr·grad f(W(t-1)); a single stage has D = 0 and is SGD with M-microbatch accumulation). A
+       gate holds a stage's forwards until that version exists (bubbles when M < S - 1).
+    3. Overlap: receives are posted ahead and completed by a communication thread, sends run in the background;
+       `overlap = false` makes every transfer block at its action. Per stage, compute, communication and hidden
+       time go to partition.json (overlap.py).
+    """
+
+    name = "apapo"
+    summary = "APapo: antichain DP onto measured ranks, 2BW asynchronous multi-iteration pipeline, overlap (Liu 2024)"
+    Params: ClassVar[type[APapoParams]] = APapoParams
+
+    # -- what the suite may ask for --------------------------------------------------------------------------------
+    @classmethod
+    def requested_stages(cls, world_size: int, params: APapoParams) -> int | None:
+        return None if params.partition == "antichain" else super().requested_stages(world_size, params)
+
+    @classmethod
+    def check_world_size(cls, world_size: int, params: APapoParams) -> str | None:
+        if params.microbatches > params.batch_size:
+            return f"microbatches = {params.microbatches} exceeds batch_size = {params.batch_size}"
+        ranks = cls.planned_workers(world_size, params)
+        if isinstance(params.rank_speeds, list) and len(params.rank_speeds) != ranks:
+            return f"rank_speeds lists {len(params.rank_speeds)} ranks; the plan has {ranks}"
+        if isinstance(params.bandwidth, list) and (len(params.bandwidth) != ranks
+                                                   or any(len(row) != ranks for row in params.bandwidth)):
+            return f"bandwidth must be a {ranks}x{ranks} matrix"
+        if params.partition == "antichain":
+            if params.replicas is not None:
+                return "partition 'antichain' chooses the replicas itself: leave replicas unset"
+            return super(PipelineMethod, cls).check_world_size(world_size, params)  # no one-stage-per-rank rule
+        return super().check_world_size(world_size, params)
+
+    @classmethod
+    def planned_workers(cls, world_size: int, params: APapoParams) -> int:
+        """The ranks the plan spreads over: the run's, or in the virtual mode the simulated ones (the replicas' sum,
+        else `stages`, else 2)."""
+        if world_size > 1:
+            return world_size
+        if params.replicas is not None:
+            return sum(params.replicas)
+        return params.stages or VIRTUAL_DEFAULT_PARTS
+
+    # -- hooks -----------------------------------------------------------------------------------------------------
+    def __init__(self, ctx: RunContext):
+        self.watch = ArrivalWatch() if ctx.world_size > 1 and ctx.params.overlap else None
+        self.groups: tuple[tuple[int, ...], ...] = ()  # each stage's ranks, from the plan (make_blocks)
+        self.record: dict[str, Any] = {}  # what partition.json says about the plan (rank 0)
+        super().__init__(ctx)
+        self.delay = apapo_schedule.version_delay(self.num_stages, ctx.params.iterations_in_flight)
+        self.iterations = 0  # steps run; the drain completes what is still in flight
+        self._check_schedule(ctx.params.iterations_in_flight + 3)
+
+    def microbatch_size(self) -> int:
+        return max(1, self.ctx.params.batch_size // self.ctx.params.microbatches)
+
+    def make_policy(self, stage: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer
+                    ) -> WeightPolicy:
+        delay = apapo_schedule.version_delay(stages, self.ctx.params.iterations_in_flight)
+        return DoubleBuffered(module, self.ctx.params.microbatches, delay)
+
+    def make_placement(self, stages: int, replicas: list[int]) -> Placement:
+        return Placement(self.groups)
+
+    def executor_options(self) -> dict[str, Any]:
+        return {"overlap": self.ctx.params.overlap, "watch": self.watch}
+
+    def make_blocks(self, example: torch.Tensor) -> list[nn.Module]:
+        """Trace the model, plan on rank 0 (profiles, hardware, the DP), agree, and cut: one block per stage."""
+        ctx, params = self.ctx, self.ctx.params
+        model = ctx.workload.make_model().to(ctx.device)
+        workers = self.planned_workers(ctx.world_size, params)
+        traced = layers.trace(model, example, profile=ctx.rank == 0)
+        hardware = hardware_for(ctx.comm, model, example, workers, params.rank_speeds, params.bandwidth)
+        n = traced.graph.size
+        agreed = torch.zeros(1 + n + 2 * workers, dtype=torch.int64)  # [S, each node's stage, each rank's stage, place]
+        if ctx.rank == 0:
+            prefixes, groups, self.record = self._solve(traced, hardware, workers)
+            agreed[0] = len(prefixes)
+            for i in range(n):
+                agreed[1 + i] = next(s for s, mask in enumerate(prefixes) if mask >> i & 1)
+            for s, group in enumerate(groups):
+                for place_in_group, r in enumerate(group):
+                    agreed[1 + n + r], agreed[1 + n + workers + r] = s, place_in_group
+        if ctx.world_size > 1:
+            ctx.comm.broadcast(agreed, 0, "control")
+        stages = int(agreed[0])
+        node_stage = agreed[1:1 + n].tolist()
+        prefixes = [sum(1 << i for i in range(n) if node_stage[i] <= s) for s in range(stages)]
+        rank_stage, rank_place = agreed[1 + n:1 + n + workers].tolist(), agreed[1 + n + workers:].tolist()
+        self.groups = tuple(tuple(sorted((r for r in range(workers) if rank_stage[r] == s), key=rank_place.__getitem__))
+                            for s in range(stages))
+        return list(layers.split(traced, prefixes))
+
+    def _solve(self, traced: layers.TracedModel, hardware: antichain.Hardware, workers: int
+               ) -> tuple[list[int], list[tuple[int, ...]], dict[str, Any]]:
+        """Rank 0: the plan's down-sets and rank groups, and what partition.json records about it."""
+        params, graph = self.ctx.params, traced.graph
+        record: dict[str, Any] = {"mode": params.partition if isinstance(params.partition, str) else "manual",
+                                  "rank_speeds": hardware.speeds, "bandwidth": hardware.bandwidth}
+        if params.partition == "antichain":
+            plan = antichain.antichain_partition(graph, hardware, params.stages, params.replicate)
+            prefixes, total = [], 0
+            for stage in plan.stages:
+                total |= sum(1 << i for i in stage.nodes)
+                prefixes.append(total)
+            groups = [stage.ranks for stage in plan.stages]
+            record["dp_states"] = plan.states
+        else:
+            count = self.requested_stages(self.ctx.world_size, params)
+            layer_count = graph.size - 1  # node 0 is the input
+            starts = ([a + 1 for a, _ in uniform_split(layer_count, count)][1:] if params.partition == "uniform"
+                      else list(params.partition))
+            if starts and starts[-1] >= graph.size:
+                raise ValueError(f"partition {starts}: the layer graph has nodes 0..{graph.size - 1}")
+            prefixes = [graph.topological_prefix(b) for b in starts] + [graph.full]
+            replicas = params.replicas or [1] * count
+            groups, first = [], 0
+            for r in replicas:
+                groups.append(tuple(range(first, first + r)))
+                first += r
+        predicted = antichain.predict(graph, hardware, prefixes, groups)
+        record["predicted"] = {"slowest_s": predicted.slowest_s,
+                               "stages": [{"compute_s": s.compute_s, "predicted_s": max(s.predicted_s, s.transfer_s),
+                                           "transfer_s": s.transfer_s, "sync_s": s.sync_s} for s in predicted.stages]}
+        record["graph_plan"] = predicted.to_dict(graph)
+        record["layers"] = [{"name": name, "inputs": [graph.names[p] for p in graph.preds[i]], **profile}
+                            for i, (name, profile) in enumerate(zip(graph.names, profiles_to_dicts(graph.profiles),
+                                                                    strict=True))]
+        return prefixes, groups, record
+
+    def make_plan(self, blocks: list[nn.Module], example: torch.Tensor, stages: int | None) -> Plan:
+        record = self.record
+        params = self.ctx.params
+        record["schedule"] = {"microbatches": params.microbatches, "iterations_in_flight": params.iterations_in_flight,
+                              "delay": apapo_schedule.version_delay(len(blocks), params.iterations_in_flight),
+                              "overlap": params.overlap}
+        return Plan([(s, s + 1) for s in range(len(blocks))], [len(g) for g in self.groups], record)
+
+    # -- the schedule ----------------------------------------------------------------------------------------------
+    def _placed(self, per_stage) -> Schedule:
+        return place([per_stage(s) for s in range(self.num_stages)], self.placement)
+
+    def segment(self, iteration: int) -> Schedule:
+        """Step `iteration`'s actions, one list per rank."""
+        m, s_count = self.ctx.params.microbatches, self.num_stages
+        return self._placed(lambda s: apapo_schedule.segment(s, s_count, m, self.delay, iteration))
+
+    def _check_schedule(self, iterations: int) -> None:
+        """Run the first steps and a drain through the Interleaver (no deadlock, streams in order, nothing left)."""
+        m, s_count = self.ctx.params.microbatches, self.num_stages
+        check = Interleaver(self.placement)
+        for t in range(iterations):
+            check.advance(self.segment(t))
+        check.advance(self._placed(lambda s: apapo_schedule.drain(s, s_count, m, self.delay, iterations)))
+        if check.in_flight:
+            raise RuntimeError(f"apapo's schedule leaves messages unreceived: {sorted(check.in_flight)}")
+
+    def _sizes(self, views: dict, before: int) -> None:
+        """Receive buffers of earlier iterations' microbatches (every minibatch has batch_size samples)."""
+        m = self.ctx.params.microbatches
+        sizes = [len(p) for p in torch.tensor_split(torch.arange(self.ctx.params.batch_size), m)]
+        for view in views.values():
+            for t in range(max(0, before - self.num_stages - self.delay - 1), before):
+                view.sizes.update({(t, t * m + j): sizes[j] for j in range(m)})
+
+    def train_step(self, batch: Batch) -> StepStats:
+        t, m = batch.step, self.ctx.params.microbatches
+        self.iterations = t + 1
+        sizes = [len(part) for part in torch.tensor_split(batch.indices, m)]
+        views = self.views(batch, sizes, [t * m + j for j in range(m)], iteration=t)
+        self._sizes(views, t)
+        stats = self.run(self.segment(t), views, t)
+        if self.watch is not None:
+            arrived = self.watch.take()
+            if self.ctx.log is not None and 1 <= t <= self.ctx.params.trace_steps:
+                self.ctx.log("arrivals", step=t, worker=self.ctx.rank,
+                             messages=[[*message, at] for message, at in arrived.items()])
+        return stats
+
+    def end_training(self) -> None:
+        t, m = self.iterations, self.ctx.params.microbatches
+        views = self.views(Batch(t, 0.0, torch.zeros(0, dtype=torch.long), self.ctx.workload.train), [], [], t)
+        self._sizes(views, t)
+        self.run(self._placed(lambda s: apapo_schedule.drain(s, self.num_stages, m, self.delay, t)), views, -1)
+
+    def finish(self) -> None:
+        """As every pipeline, then (rank 0) the overlap accounting of the traced steps into partition.json."""
+        super().finish()
+        if self.watch is not None:
+            self.watch.close()
+        metrics, partition = self.ctx.run_dir / "metrics.jsonl", self.ctx.run_dir / "partition.json"
+        if self.ctx.rank == 0 and not self.virtual and metrics.exists() and partition.exists():
+            summary = overlap_summary(read_records(metrics))
+            record = json.loads(partition.read_text())
+            record["overlap"] = summary
+            partition.write_text(json.dumps(record, indent=1))
+            if self.ctx.log is not None:
+                self.ctx.log("overlap", **summary)

@@ -1,0 +1,119 @@
+"""APapo's asynchronous multi-iteration schedule as data: valid with several iterations in flight, step by step; the
+1F1B memory bound; the version gate; a flush when K = 1 (1F1B's order); the 2BW delay, action by action."""
+
+from __future__ import annotations
+
+import pytest
+
+from methods.pipeline.apapo_schedule import apapo, drain, gate, segment, version_delay, version_of
+from methods.pipeline.interleaver import Interleaver, validate
+from methods.pipeline.placement import Placement, place
+from methods.pipeline.schedule import Op, compute_order, one_f_one_b
+
+CASES = [(s, m, k) for s in (1, 2, 3, 4) for m in (1, 2, 3, 5) for k in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("stages,microbatches,k", CASES)
+def test_the_whole_run_and_every_step_are_valid(stages, microbatches, k):
+    iterations = 5
+    validate(apapo(stages, microbatches, k, iterations))
+    d = version_delay(stages, k)
+    sim = Interleaver(Placement.one_per_rank(stages))
+    for t in range(iterations):
+        sim.advance([segment(s, stages, microbatches, d, t) for s in range(stages)])
+        assert not sim.in_flight  # no message crosses a step (the runner evaluates between steps)
+    sim.advance([drain(s, stages, microbatches, d, iterations) for s in range(stages)])
+    assert not sim.in_flight
+
+
+@pytest.mark.parametrize("stages,microbatches,k", CASES)
+def test_each_stage_runs_every_microbatch_once_and_one_update_per_iteration(stages, microbatches, k):
+    iterations = 4
+    for actions in apapo(stages, microbatches, k, iterations):
+        total = iterations * microbatches
+        assert [a.mb for a in actions if a.op is Op.FORWARD] == list(range(total))
+        assert [a.mb for a in actions if a.op is Op.BACKWARD] == list(range(total))
+        updates = [a.iteration for a in actions if a.op is Op.UPDATE]
+        assert updates == list(range(iterations))
+        for a in actions:
+            if a.mb is not None:
+                assert a.iteration == a.mb // microbatches
+
+
+@pytest.mark.parametrize("stages,microbatches,k", CASES)
+def test_at_most_s_minus_s_microbatches_and_k_iterations_are_in_flight(stages, microbatches, k):
+    for s, actions in enumerate(apapo(stages, microbatches, k, 6)):
+        in_flight: set[int] = set()
+        for a in actions:
+            if a.op is Op.FORWARD:
+                in_flight.add(a.mb)
+                assert len(in_flight) <= stages - s
+                assert len({mb // microbatches for mb in in_flight}) <= max(1, k if stages > 1 else 1)
+            elif a.op is Op.BACKWARD:
+                in_flight.remove(a.mb)
+
+
+@pytest.mark.parametrize("stages,microbatches,k", CASES)
+def test_every_forward_finds_its_weight_version_made_and_kept(stages, microbatches, k):
+    """Before F(u) at stage s, version t - D exists (that many updates ran) and, with D >= 1, no update newer than
+    the one of iteration t - 1 has run (so at most D + 1 versions are in use): the 2BW bound for D = 1."""
+    d = version_delay(stages, k)
+    for actions in apapo(stages, microbatches, k, 6):
+        updates = 0
+        for a in actions:
+            if a.op is Op.UPDATE:
+                updates += 1
+            elif a.op is Op.FORWARD:
+                t = a.mb // microbatches
+                assert updates >= version_of(a.mb, microbatches, d)
+                assert updates <= t  # iteration t's own update comes after its forwards
+
+
+def test_k1_is_a_flush_with_1f1bs_order_every_iteration():
+    for stages, microbatches in [(2, 4), (3, 3), (4, 2)]:
+        run = compute_order(apapo(stages, microbatches, 1, 3))
+        expected = compute_order(one_f_one_b(stages, microbatches))
+        for s in range(stages):
+            per_iteration = len(expected[s])
+            for t in range(3):
+                got = run[s][t * per_iteration:(t + 1) * per_iteration]
+                renamed = [e.replace(f"@{t}", "") for e in got]
+                assert [_strip(e, t, microbatches) for e in renamed] == expected[s]
+
+
+def _strip(text: str, iteration: int, microbatches: int) -> str:
+    """'0F5' of iteration 1 with M = 4 -> '0F1' (microbatch within the iteration)."""
+    for op in ("F", "B"):
+        if op in text:
+            stage, mb = text.split(op)
+            return f"{stage}{op}{int(mb) - iteration * microbatches}"
+    return text
+
+
+def test_with_m_at_least_s_minus_one_the_gate_is_plain_1f1b():
+    """2BW's condition m >= d: the version gate never holds a forward back; the steady state is 1F1B."""
+    for stages in (2, 3, 4):
+        for microbatches in range(stages - 1, stages + 3):
+            for s in range(stages):
+                for u in range(40):
+                    assert gate(u, s, stages, microbatches, 1) == max(-1, u - (stages - s))
+
+
+def test_small_microbatch_counts_throttle_the_pipeline():
+    # S = 4, M = 1, K = 2: stage 0 may run only 2 forwards ahead (versions t-1 must exist), not 1F1B's 4
+    order = compute_order(apapo(4, 1, 2, 4))[0]
+    assert order[:4] == ["0F0", "0F1@1", "0B0", "0U"]
+
+
+def test_a_replicated_stage_takes_microbatches_round_robin_and_syncs_every_iteration():
+    placement = Placement.replicated([2, 1])
+    schedule = place(apapo(2, 4, 2, 3), placement)
+    validate(schedule, placement)
+    assert all(a.mb % 2 == 0 for a in schedule[0] if a.op is Op.FORWARD)
+    syncs = [a for a in schedule[0] if a.op is Op.SYNC_GRADS]
+    assert [a.iteration for a in syncs] == [0, 1, 2] and syncs == [a for a in schedule[1] if a.op is Op.SYNC_GRADS]
+
+
+def test_a_single_stage_has_no_delay():
+    assert version_delay(1, 3) == 0 and version_delay(2, 2) == 1 and version_delay(4, 3) == 2
+    assert [version_of(u, 2, 1) for u in range(8)] == [0, 0, 0, 0, 1, 1, 2, 2]  # 2BW: max(floor(k/m) - 1, 0)
