@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import sys
@@ -125,7 +126,8 @@ def _launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None
             if progress is not None:
                 tail.poll()
                 progress(tail)
-            time.sleep(POLL_S)
+            # Wakes at once when a rank ends (its sentinel), else after POLL_S for the progress bar.
+            multiprocessing.connection.wait([p.sentinel for p in procs if p.exitcode is None], POLL_S)
     except KeyboardInterrupt:
         _terminate(procs)
         write_status(run_dir, "failed", error={"message": "interrupted (Ctrl-C)", "rank": None})
