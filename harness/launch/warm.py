@@ -42,8 +42,10 @@ _started: list[str] = []  # the preload of the forkserver this process started (
 
 
 def start_method() -> str:
-    """`forkserver` (the default) or `spawn`, from DTBENCH_START_METHOD; ValueError naming the variable otherwise."""
-    value = os.environ.get(START_METHOD_VARIABLE, "") or "forkserver"
+    """`forkserver` or `spawn`, from DTBENCH_START_METHOD; ValueError naming the variable for anything else. The
+    default is forkserver where the platform has it (Linux, macOS), else spawn."""
+    default = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    value = os.environ.get(START_METHOD_VARIABLE, "") or default
     if value not in START_METHODS:
         raise ValueError(f"{START_METHOD_VARIABLE}={value!r}: use one of {', '.join(START_METHODS)}")
     return value
