@@ -25,8 +25,8 @@ START_METHOD_VARIABLE = "DTBENCH_START_METHOD"
 START_METHODS = ("forkserver", "spawn")
 
 #: What every rank of every run imports, in import order. `torch._inductor.config` is imported by
-#: torch.use_deterministic_algorithms (about 0.9 s here, more than half a torch import); the harness modules are
-#: those the worker imports inside its run.
+#: torch.use_deterministic_algorithms, and brings torch._dynamo, which building any torch.optim optimizer imports
+#: too (about 0.9 s here, close to a torch import); the harness modules are those the worker imports in its run.
 CORE_MODULES = (
     "numpy", "torch", "torch.distributed", "torch._inductor.config",
     "harness.launch.local", "harness.run.worker", "harness.run.loop", "harness.run.manifest", "harness.run.training",
