@@ -4,21 +4,25 @@ Each case is a whole `dtbench run --quiet` in a fresh interpreter, as asv's `run
 `runner.SuiteStartup` time it: `sgd` (a 1-step run on 1 rank), `ddp` (1 step, 2 ranks), `suite10` (ten 1-step
 runs: sgd and ddp x 5 seeds) and `digits` (a 1-step ddp run on digits-mlp, whose data comes through sklearn). Within
 a round every variant runs every case, in an order reversed every other round, so that the machine's load hits
-all variants alike; the per-round ratio to the first variant cancels most of it.
+all variants alike; the per-round ratio to the first variant cancels most of it. Besides wall time it counts the CPU
+seconds of every process a run starts (the launcher, the forkserver, the ranks; this script adopts the orphans to
+reap them), which the machine's load hardly changes.
 
     python benchmarks/startup.py [--rounds 3] [--baseline TREE] [--spawn] [--cases sgd,ddp,suite10,digits]
 
 Variants: `warm` (this tree), `spawn` (this tree with DTBENCH_START_METHOD=spawn: every rank a fresh interpreter)
 and `baseline` (the code of TREE, e.g. a `git worktree add /tmp/base main` of the commit before). It prints each
-variant's median seconds per case, the median per-round ratio to the first variant, and the ranks' start-up phases
-(the `startup` records of metrics.jsonl) of the last round's runs.
+variant's median wall and CPU seconds per case, the median per-round ratio to the first variant, and the ranks'
+start-up phases (the `startup` records of metrics.jsonl) of the last round's runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -32,18 +36,41 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "asv"))
 
 from startup_suite import write_suite  # noqa: E402
 
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
 CASES = {"sgd": (["sgd"], 1, "synthetic-mlp"), "ddp": (["ddp"], 1, "synthetic-mlp"),
          "suite10": (["sgd", "ddp"], 5, "synthetic-mlp"), "digits": (["ddp"], 1, "digits-mlp")}
 
 
-def run_once(tree: Path, env: dict[str, str], suite: Path, out: Path) -> float:
-    """Seconds of one `dtbench run SUITE --quiet` of the code in `tree`, from process start to exit."""
+def adopt_orphans() -> None:
+    """Make this process the reaper of its descendants' orphans (Linux), so that the CPU time of every process a run
+    starts, forkserver and ranks included, is counted in this process's RUSAGE_CHILDREN once they are reaped."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_once(tree: Path, env: dict[str, str], suite: Path, out: Path) -> tuple[float, float]:
+    """Seconds of one `dtbench run SUITE --quiet` of the code in `tree`, from process start to exit, and the CPU
+    seconds of every process it started (reaped after it exits)."""
     shutil.rmtree(out, ignore_errors=True)
+    cpu = children_cpu_s()
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "harness.cli", "run", str(suite), "--out", str(out), "--quiet"],
                    check=True, env={**os.environ, "PYTHONPATH": str(tree), "MPLBACKEND": "Agg", **env},
                    cwd=suite.parent, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    while True:  # the orphans: a forkserver ends once its launcher has, a resource tracker too
+        try:
+            os.wait()
+        except ChildProcessError:
+            break
+    return wall, children_cpu_s() - cpu
 
 
 def phases(out: Path) -> dict[str, float]:
@@ -82,26 +109,31 @@ def main() -> None:
         methods, seeds, workload = CASES[case]
         suites[case] = write_suite(folder / case, methods, seeds, workload)
     seconds: dict[tuple[str, str], list[float]] = {(c, v): [] for c in cases for v in variants}
+    cpu: dict[tuple[str, str], list[float]] = {(c, v): [] for c in cases for v in variants}
+    adopt_orphans()
     try:
         for index in range(args.rounds):
             order = list(variants) if index % 2 == 0 else list(reversed(variants))
             for case in cases:
                 for name in order:
                     tree, env = variants[name]
-                    seconds[case, name].append(run_once(tree, env, suites[case], folder / case / f"out-{name}"))
-            print(f"round {index + 1}/{args.rounds}: " + ", ".join(
+                    wall, used = run_once(tree, env, suites[case], folder / case / f"out-{name}")
+                    seconds[case, name].append(wall)
+                    cpu[case, name].append(used)
+            print(f"round {index + 1}/{args.rounds} (load {os.getloadavg()[0]:.2f}): " + ", ".join(
                 f"{c} {v} {seconds[c, v][-1]:.2f} s" for c in cases for v in variants), flush=True)
         first = next(iter(variants))
-        print(f"\nmedian seconds over {args.rounds} rounds (load average now {os.getloadavg()[0]:.2f}):")
-        for case in cases:
-            cells = []
-            for name in variants:
-                cell = f"{name} {statistics.median(seconds[case, name]):.2f}"
-                if name != first:
-                    ratios = [a / b for a, b in zip(seconds[case, name], seconds[case, first], strict=True)]
-                    cell += f" ({statistics.median(ratios):.2f}x {first})"
-                cells.append(cell)
-            print(f"  {case:8s} " + "   ".join(cells))
+        for title, values in (("wall", seconds), ("CPU (every process of the run)", cpu)):
+            print(f"\nmedian {title} seconds over {args.rounds} rounds (load average now {os.getloadavg()[0]:.2f}):")
+            for case in cases:
+                cells = []
+                for name in variants:
+                    cell = f"{name} {statistics.median(values[case, name]):.2f}"
+                    if name != first:
+                        ratios = [a / b for a, b in zip(values[case, name], values[case, first], strict=True)]
+                        cell += f" ({statistics.median(ratios):.2f}x {first})"
+                    cells.append(cell)
+                print(f"  {case:8s} " + "   ".join(cells))
         print("\nranks' start-up phases, last round (slowest rank per run, summed over the runs), seconds:")
         for case in cases:
             for name in variants:
