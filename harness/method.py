@@ -5,10 +5,10 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harness.comm.communicator import Communicator
 from harness.data.tensors import Batch, TensorData
@@ -16,7 +16,12 @@ from harness.data.workload import Instance
 
 
 class TrainParams(BaseModel):
-    """Hyperparameters every method takes. `batch_size` is the global batch (all ranks together)."""
+    """Hyperparameters every method takes. `batch_size` is the global batch (all ranks together).
+
+    The learning-rate schedule (`lr_schedule`, `lr_warmup_epochs`, `lr_warmup_start_factor`, `milestones`, `gamma`)
+    is applied by the runner to every method alike (harness/run/schedule.py); a method only builds its optimizers
+    with `lr` and exposes them through `Method.optimizers`.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -26,6 +31,22 @@ class TrainParams(BaseModel):
     weight_decay: float = Field(default=0.0, ge=0)
     nesterov: bool = False
     eval_batch_size: int = Field(default=512, ge=1)
+    lr_schedule: Literal["constant", "step", "cosine"] = Field(
+        default="constant", description="the lr after warm-up: constant; step (times gamma at each milestone); cosine "
+                                        "(to 0 at the end of the planned steps)")
+    lr_warmup_epochs: float = Field(default=0.0, ge=0, description="epochs of linear lr warm-up (0: none)")
+    lr_warmup_start_factor: float = Field(default=0.1, gt=0, le=1,
+                                          description="the warm-up starts at lr times this factor")
+    milestones: list[float] = Field(default_factory=lambda: [0.5, 0.75],
+                                    description="step schedule: fractions of the planned steps where the lr drops")
+    gamma: float = Field(default=0.1, gt=0, description="step schedule: the lr is multiplied by gamma at a milestone")
+
+    @field_validator("milestones")
+    @classmethod
+    def _fractions_in_order(cls, value: list[float]) -> list[float]:
+        if any(not 0 < m < 1 for m in value) or value != sorted(set(value)):
+            raise ValueError("milestones must be increasing fractions of the budget, each between 0 and 1")
+        return value
 
 
 @dataclass
@@ -109,6 +130,11 @@ class Method(abc.ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise NotImplementedError(f"method {self.name!r} does not support checkpoints")
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """This rank's optimizers: the runner sets the lr of each of their param groups before every step (base lr
+        times the schedule's factor, harness/run/schedule.py). Default: none, which only a constant schedule allows."""
+        return []
 
     def end_training(self) -> None:
         """Called once after the last train_step, before the final evaluation, with the train clock running. A method

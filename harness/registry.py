@@ -29,6 +29,8 @@ BUILTIN_METHODS: dict[str, str] = {
     "gpipe": "methods.pipeline.gpipe:GPipe",
     "1f1b": "methods.pipeline.one_f_one_b:OneFOneB",
     "pipedream": "methods.pipeline.pipedream:PipeDream",
+    "interleaved-1f1b": "methods.pipeline.interleaved:Interleaved1F1B",
+    "pb": "methods.pipeline.pb:PipelinedBackprop",
 }
 
 

@@ -7,17 +7,23 @@ from typing import Any, NamedTuple
 
 #: Actions that occupy a stage's compute; the others are waits (receives) or hand-overs (sends).
 COMPUTE_OPS = ("forward", "backward", "update")
+#: Collectives between a stage's replicas: time spent in them is neither compute nor a point-to-point wait.
+SYNC_OPS = ("sync_grads",)
 WAIT_OPS = ("recv_act", "recv_grad")
 
 
 class TraceEvent(NamedTuple):
-    """One action a stage ran. In metrics.jsonl a `trace` record holds `events`, a list of these as JSON arrays
-    (field order as here), with `step` and `stage`.
+    """One action a worker (rank) ran. In metrics.jsonl a `trace` record holds `events`, a list of these as JSON
+    arrays (field order as here), with `step` and `worker` (the rank whose actions they are; older records name a
+    `stage` instead, and their events stop at `version`).
 
-    op: forward, backward, update, recv_act, send_act, recv_grad or send_grad.
-    mb: the microbatch (or minibatch) id; -1 for an update.
+    op: forward, backward, update, sync_grads, recv_act, send_act, recv_grad or send_grad.
+    mb: the microbatch (or minibatch) id; the round for sync_grads; -1 for an update.
     start, end: time.perf_counter() readings, comparable across the processes of one host.
     version: the weight version a forward or backward used; -1 for other actions.
+    stage: the pipeline stage the action belongs to (-1 when unknown: older records).
+    iteration: which iteration the microbatch belongs to, when a schedule keeps several in flight (else 0).
+    lane: which of a stage's concurrent lanes ran it (0 unless a method runs forwards and backwards in parallel).
     """
 
     op: str
@@ -25,15 +31,19 @@ class TraceEvent(NamedTuple):
     start: float
     end: float
     version: int = -1
+    stage: int = -1
+    iteration: int = 0
+    lane: int = 0
 
     @property
     def duration(self) -> float:
         return self.end - self.start
 
 
-def parse_events(rows: Any) -> list[TraceEvent]:
-    """A trace record's `events` -> TraceEvents; rows that are not [op, mb, start, end, version?] are skipped, so a
-    damaged record loses only its bad rows."""
+def parse_events(rows: Any, stage: int = -1) -> list[TraceEvent]:
+    """A trace record's `events` -> TraceEvents; rows that are not [op, mb, start, end, version?, stage?, iteration?,
+    lane?] are skipped, so a damaged record loses only its bad rows. `stage` fills in rows without one (older
+    records)."""
     events = []
     if not isinstance(rows, list):
         return events
@@ -42,7 +52,11 @@ def parse_events(rows: Any) -> list[TraceEvent]:
             continue
         try:
             version = int(row[4]) if len(row) > 4 else -1
-            events.append(TraceEvent(str(row[0]), int(row[1]), float(row[2]), float(row[3]), version))
+            row_stage = int(row[5]) if len(row) > 5 else stage
+            iteration = int(row[6]) if len(row) > 6 else 0
+            lane = int(row[7]) if len(row) > 7 else 0
+            events.append(TraceEvent(str(row[0]), int(row[1]), float(row[2]), float(row[3]), version, row_stage,
+                                     iteration, lane))
         except (TypeError, ValueError):
             continue
     return events
@@ -64,10 +78,10 @@ def span_s(events: Sequence[TraceEvent]) -> float:
 
 
 def step_bubble(traces: Sequence[Sequence[TraceEvent]]) -> float:
-    """1 - (mean busy time of a stage) / (makespan), for one step whose stage traces (stages x events) share one
-    clock. The makespan runs from the first compute action of any stage (the first stage's first forward) to the last
-    one's end, so the fill and drain of the pipeline count and time a stage spends before the step begins elsewhere
-    does not; busy time is forward, backward and update time. GPipe's ideal is (S-1)/(M+S-1)."""
+    """1 - (mean busy time of a rank) / (makespan), for one step whose rank traces (ranks x events) share one clock.
+    The makespan runs from the first compute action of any rank (the first stage's first forward) to the last one's
+    end, so the fill and drain of the pipeline count and time a rank spends before the step begins elsewhere does
+    not; busy time is forward, backward and update time. GPipe's ideal is (S-1)/(M+S-1)."""
     events = [e for trace in traces for e in trace if e.op in COMPUTE_OPS]
     if not events:
         raise ValueError("no compute events")
@@ -76,6 +90,7 @@ def step_bubble(traces: Sequence[Sequence[TraceEvent]]) -> float:
     return 1.0 - sum(busy) / len(busy) / makespan
 
 
-def ideal_bubble(stages: int, microbatches: int) -> float:
-    """(S-1)/(M+S-1): the idle share of each stage in GPipe or 1F1B with equal stages and free communication."""
-    return (stages - 1) / (microbatches + stages - 1)
+def ideal_bubble(ranks: int, microbatches: int, chunks: int = 1) -> float:
+    """(p-1)/(v·M+p-1): the idle share of each of p ranks in GPipe or 1F1B (v = 1 stage per rank) or interleaved
+    1F1B (v stages per rank), with equal stages and free communication (Narayanan et al. 2021, section 2.2)."""
+    return (ranks - 1) / (chunks * microbatches + ranks - 1)

@@ -125,6 +125,8 @@ def _stop_when(run_dir: Path, epoch: float, signum: int, rank: int, wait_for_che
     ("sgd", 1, ""),
     ("dgc", 2, "params = { density = 0.05 }"),
     ("qsgd", 2, ""),
+    # stopped mid warm-up, resumed, then two lr drops: the lr is a function of the step, not of the restored state
+    ("sgd", 1, 'params = { lr_schedule = "step", lr_warmup_epochs = 4 }'),
 ])
 def test_a_run_stopped_by_usr2_resumes_bitwise(tmp_path, method, world_size, params):
     spec = _spec(tmp_path, method, world_size, params)

@@ -7,8 +7,9 @@ import torch
 
 from _dist import context, spawn
 from harness.data.tensors import Batch, DataOrder
+from methods.bits import pack_bits, pack_bits_, unpack_bits
 from methods.compression.core import Compressed, Compressor, ErrorFeedback
-from methods.compression.packing import from_wire, pack_bits, pack_bits_, to_wire, unpack_bits
+from methods.compression.packing import from_wire, to_wire
 
 
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])

@@ -10,9 +10,9 @@ import torch
 from _compress import gradient_patterns, layout
 from _dist import context, spawn
 from harness.data.tensors import Batch, DataOrder
+from methods.bits import pack_bits, unpack_bits
 from methods.compression.core import ErrorFeedback
 from methods.compression.onebit import OneBitCompressor
-from methods.compression.packing import pack_bits, unpack_bits
 
 
 def _round_trip(compressor: OneBitCompressor, values: torch.Tensor) -> torch.Tensor:

@@ -71,11 +71,12 @@ def test_each_backward_uses_its_forwards_stashed_version(vertical_sync):
                                         "vertical_sync": vertical_sync}, records=records)
     _train(method, steps, drain=False)
     traces = [f for kind, f in records if kind == "trace"]
-    assert {f["stage"] for f in traces} == set(range(stages))
+    assert {f["worker"] for f in traces} == set(range(stages))
     for s in range(stages):
-        events = [e for f in traces if f["stage"] == s for e in f["events"]]
-        fwd = {mb: v for op, mb, _, _, v in events if op == "forward"}
-        bwd = {mb: v for op, mb, _, _, v in events if op == "backward"}
+        events = [e for f in traces if f["worker"] == s for e in f["events"]]
+        assert {e.stage for e in events} == {s}
+        fwd = {e.mb: e.version for e in events if e.op == "forward"}
+        bwd = {e.mb: e.version for e in events if e.op == "backward"}
         lag = stages - 1 if vertical_sync else stages - 1 - s
         # trace_steps counts from step 1, so minibatch 0 is not traced
         assert fwd == {t: max(0, t - lag) for t in range(1, steps)}
@@ -101,6 +102,8 @@ def test_bad_configurations_are_refused():
 
     params = GPipe.Params(stages=3, microbatches=4)
     assert "one stage per rank" in GPipe.check_world_size(2, params)
+    assert "need 3 ranks" in GPipe.check_world_size(2, GPipe.Params(replicas=[2, 1]))
+    assert "replicas lists 2 stages" in GPipe.check_world_size(3, GPipe.Params(replicas=[2, 1], stages=3))
     assert "exceeds batch_size" in GPipe.check_world_size(1, GPipe.Params(microbatches=64, batch_size=32))
     assert "boundaries" in GPipe.check_world_size(1, GPipe.Params(stages=3, partition=[1]))
     with pytest.raises(ValueError, match="increasing"):

@@ -49,11 +49,11 @@ def test_two_process_gpipe_traces_follow_the_schedule_and_causality():
     for t in (1, 2, 3):
         s0, s1 = traces[0][t], traces[1][t]
         for s, events in enumerate((s0, s1)):
-            ran = [("F" if op == "forward" else "B" if op == "backward" else "U") + ("" if mb < 0 else str(mb))
-                   for op, mb, *_ in events if op in ("forward", "backward", "update")]
+            ran = [f"{e.stage}" + ("F" if e.op == "forward" else "B" if e.op == "backward" else "U")
+                   + ("" if e.mb < 0 else str(e.mb)) for e in events if e.op in ("forward", "backward", "update")]
             assert ran == order[s]
-        end = {(op, mb, s): e for s, events in enumerate((s0, s1)) for op, mb, _, e, _ in events}
-        start = {(op, mb, s): b for s, events in enumerate((s0, s1)) for op, mb, b, _, _ in events}
+        end = {(e.op, e.mb, s): e.end for s, events in enumerate((s0, s1)) for e in events}
+        start = {(e.op, e.mb, s): e.start for s, events in enumerate((s0, s1)) for e in events}
         for mb in range(8):
             assert start[("forward", mb, 1)] >= end[("forward", mb, 0)]
             assert start[("backward", mb, 0)] >= end[("backward", mb, 1)]

@@ -75,6 +75,9 @@ def test_pipeline_suite_end_to_end(tmp_path):
         assert all(r["loss"] is None for r in train if r["rank"] == 0)  # the first stage computes no loss
         assert all(isinstance(r["loss"], float) for r in train if r["rank"] == 1)
         assert sorted({r["step"] for r in records if r["kind"] == "trace"}) == [1, 2, 3]
+        assert {r["worker"] for r in records if r["kind"] == "trace"} == {0, 1}
+        trace = json.loads((run_dir / "trace.json").read_text())
+        assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {0, 1}
         evals = [r for r in records if r["kind"] == "eval"]
         assert [e["step"] for e in evals] == [0, 4, 7]  # the last one after PipeDream's drain
         partition = json.loads((run_dir / "partition.json").read_text())
@@ -87,5 +90,10 @@ def test_pipeline_suite_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr
     table = pd.read_csv(out / "pipes" / "report" / "summary.csv")
     assert table["bubble"].between(0, 1).all()
+    assert (table["peak_activation_bytes"] > 0).all()
+    assert table.set_index("method")["peak_weight_bytes"].to_dict()["gpipe"] == 0  # no stash: live weights only
+    page = (out / "pipes" / "report" / "index.html").read_text()
+    assert "<h2>Pipelines</h2>" in page
+    assert 'href="../gpipe-digits-mlp-w2-microbatches4-trace_steps3-s0/trace.json"' in page
     assert {p.name for p in (out / "pipes" / "report").glob("gantt_*.png")} == {
         "gantt_gpipe_microbatches_4_trace_steps_3_x2.png", "gantt_pipedream_trace_steps_3_x2.png"}

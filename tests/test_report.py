@@ -99,7 +99,8 @@ def load(suite_dir: Path):
 def test_summary_columns_and_values(suite: Path) -> None:
     table = tables.summary(load(suite)).set_index("run_id", drop=False)
     assert list(table.columns) == [*tables.SUMMARY_COLUMNS, "label", "family", "steps", "epochs", "network",
-                                   "samples_per_s", "bubble"]
+                                   "samples_per_s", "bubble", "peak_activation_bytes", "peak_weight_bytes",
+                                   "last_epoch_bytes_per_sample", "cpu_share", "other_load", "noisy"]
     assert list(table.columns[:13]) == [
         "suite", "run_id", "method", "workload", "world_size", "seed", "state", "final_accuracy",
         "best_accuracy", "time_to_target_s", "train_time_s", "total_bytes", "bytes_per_sample"]
@@ -193,10 +194,10 @@ def test_curves_by_epoch_and_bad_axis(suite: Path) -> None:
 def test_aggregate_mean_and_ci(suite: Path) -> None:
     aggregates = tables.aggregate(tables.summary(load(suite))).set_index("label")
     ddp = aggregates.loc[DDP]
-    assert (ddp.runs, ddp.completed, ddp.used) == (3, 2, 2)  # the failed run is counted but not averaged
+    assert (ddp.runs, ddp.completed, ddp.used, ddp.family) == (3, 2, 2, "data-parallel")  # failed: not averaged
     assert ddp.final_accuracy_mean == pytest.approx((0.94 + 0.95) / 2)
-    t_975_1 = 12.706205  # Student t quantile, 1 degree of freedom
-    assert ddp.final_accuracy_ci95 == pytest.approx(t_975_1 * np.std([0.94, 0.95], ddof=1) / np.sqrt(2))
+    # the bootstrap means of two values are 0.94, 0.945 and 0.95: the 95% interval spans the two values
+    assert (ddp.final_accuracy_ci_low, ddp.final_accuracy_ci_high) == pytest.approx((0.94, 0.95))
     assert aggregates.loc[QSGD, "time_to_target_s_n"] == 1  # one of two completed seeds reached the target
 
 
@@ -205,8 +206,8 @@ def test_time_to_target_plot_names_labels_that_never_reached(suite: Path) -> Non
     table.loc[table["label"] == QSGD, "time_to_target_s"] = np.nan
     fig = figures.plot_time_to_target(table, TARGET)
     ax = fig.axes[0]
-    assert "never reached by: " + QSGD in ax.get_title()
-    assert [t.get_text() for t in ax.get_xticklabels()] == [f"{DDP}\n(2/3 reached)", f"{QSGD}\n(0/3 reached)"]
+    assert "never reached by: " + QSGD in ax.get_title(loc="left")
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"{DDP} (2/3 reached)", f"{QSGD} (0/3 reached)"]
 
     table["time_to_target_s"] = np.nan
     texts = [t.get_text() for t in figures.plot_time_to_target(table, TARGET).axes[0].texts]
@@ -215,9 +216,9 @@ def test_time_to_target_plot_names_labels_that_never_reached(suite: Path) -> Non
 
 def test_bytes_plot_uses_log_scale_only_for_wide_spans(suite: Path) -> None:
     table = tables.summary(load(suite))
-    assert figures.plot_bytes_per_sample(table).axes[0].get_yscale() == "linear"  # 39 vs 3.9 bytes/sample
+    assert figures.plot_bytes_per_sample(table).axes[0].get_xscale() == "linear"  # 39 vs 3.9 bytes/sample
     table.loc[table["label"] == QSGD, "bytes_per_sample"] /= 100
-    assert figures.plot_bytes_per_sample(table).axes[0].get_yscale() == "log"
+    assert figures.plot_bytes_per_sample(table).axes[0].get_xscale() == "log"
 
 
 def test_write_report_files_and_self_contained_html(suite: Path) -> None:
@@ -225,8 +226,8 @@ def test_write_report_files_and_self_contained_html(suite: Path) -> None:
         index = build.write_report(suite)
     out = suite / "report"
     assert index == out / "index.html"
-    for name in ("index.html", "summary.csv", "accuracy_vs_time.png", "accuracy_vs_epoch.png",
-                 "time_to_target.png", "bytes_per_sample.png"):
+    for name in ("index.html", "summary.csv", "comparisons.csv", "accuracy_vs_time.png", "accuracy_vs_epoch.png",
+                 "time_to_target.png", "bytes_per_sample.png", "improvement.png"):
         assert (out / name).stat().st_size > 0, name
         if name.endswith(".png"):
             assert (out / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
@@ -241,7 +242,7 @@ def test_write_report_files_and_self_contained_html(suite: Path) -> None:
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.IGNORECASE)
     assert "<script" not in page.lower() and "<link" not in page.lower()
     sources = re.findall(r'<img[^>]*\ssrc="([^"]*)"', page)
-    assert len(sources) == 4
+    assert len(sources) == 5
     for source in sources:
         prefix = "data:image/png;base64,"
         assert source.startswith(prefix)
@@ -250,7 +251,9 @@ def test_write_report_files_and_self_contained_html(suite: Path) -> None:
     assert SIGKILL in page and "rank 1" in page
     assert "loss became nan at step 15 (lr=0.5 &gt; 0.1 &amp; no warmup)" in page  # escaped
     assert "0.1 & no" not in page
-    assert "0.945 ± 0.06353 (n=2)" in page  # DDP's final accuracy: mean ± t-CI half-width over 2 seeds
+    assert "0.945 [0.94, 0.95] (n=2)" in page  # DDP's final accuracy: mean [bootstrap interval] over 2 seeds
+    assert "95% percentile bootstrap" in page and "±" not in page  # one interval, named once
+    assert "Robust comparisons" in page and "Noisy measurements" not in page  # fake runs have no cpu records
 
 
 def test_write_report_to_another_folder_with_no_completed_run(tmp_path: Path) -> None:

@@ -134,3 +134,14 @@ def test_sgd_steps_reduce_loss_on_a_fixed_batch():
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
+
+
+def test_the_groupnorm_variant_replaces_every_batchnorm_and_works_at_batch_size_one():
+    from harness import registry
+
+    model = resnet.resnet20(norm="group")
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    groups = [m for m in model.modules() if isinstance(m, nn.GroupNorm)]
+    assert len(groups) == 19 and {g.num_channels // g.num_groups for g in groups} == {4}
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+    assert registry.WORKLOADS.get("cifar10-resnet20").Options(norm="group").norm == "group"

@@ -10,7 +10,7 @@ import torch
 from _compress import gradient_patterns, layout
 from _dist import context, spawn
 from harness.data.tensors import Batch, DataOrder
-from methods.compression.packing import unpack_bits
+from methods.bits import unpack_bits
 from methods.compression.terngrad import TernGradCompressor
 
 

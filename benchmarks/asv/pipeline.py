@@ -1,5 +1,6 @@
-"""The pipeline family: schedule generation, a virtual-executor step, and the gpipe/1f1b step against
-torch.distributed.pipelining's ScheduleGPipe and Schedule1F1B on 2 gloo ranks (with the measured gpipe bubble)."""
+"""The pipeline family: schedule generation, a virtual-executor step, and the gpipe, 1f1b and interleaved-1f1b
+steps against torch.distributed.pipelining's ScheduleGPipe, Schedule1F1B and ScheduleInterleaved1F1B on 2 gloo ranks
+(with the measured gpipe and interleaved bubbles)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ PEER_ROUNDS, PEER_STEPS = 4, 2
 class Schedules:
     """Generating every stage's action list (pure Python)."""
 
-    params = (["gpipe", "1f1b", "pipedream"], [(4, 8), (16, 64)])
+    params = (["gpipe", "1f1b", "pipedream", "interleaved"], [(4, 8), (16, 64)])
     param_names = ["schedule", "stages x microbatches"]
 
     def time_generate(self, name: str, size: tuple[int, int]) -> None:
         from methods.pipeline import schedule
 
-        make = {"gpipe": schedule.gpipe, "1f1b": schedule.one_f_one_b, "pipedream": schedule.pipedream}[name]
+        make = {"gpipe": schedule.gpipe, "1f1b": schedule.one_f_one_b, "pipedream": schedule.pipedream,
+                "interleaved": lambda s, m: schedule.interleaved_1f1b(s // 2, 2, m)}[name]
         make(*size)
 
 
@@ -48,26 +50,28 @@ class VirtualStep:
 
 
 class VersusTorchPipelining:
-    """Our gpipe and 1f1b executors and torch's ScheduleGPipe / Schedule1F1B on 2 gloo ranks x 1 thread, the same
-    split, microbatches, loss and update, in alternating blocks in the same processes (setup_cache)."""
+    """Our gpipe, 1f1b and interleaved-1f1b executors and torch's ScheduleGPipe / Schedule1F1B /
+    ScheduleInterleaved1F1B on 2 gloo ranks x 1 thread, the same split, microbatches, loss and update, in alternating
+    blocks in the same processes (setup_cache)."""
 
     timeout = 600
 
     def setup_cache(self) -> dict[str, float]:
-        from dtbench_bench_ranks import pipeline_against_torch
+        from pipeline_ranks import VARIANTS, pipeline_against_torch
 
         from _dist import spawn
-        from harness.trace import step_bubble
+        from harness.trace import ideal_bubble, step_bubble
 
         ranks = spawn(pipeline_against_torch, 2, PEER_ROUNDS, PEER_STEPS, *PEER_SIZES.values(), timeout=540)
-        per_round = {name: [max(v) for v in zip(*(r[name] for r in ranks), strict=True)]
-                     for name in ("ours_gpipe", "torch_gpipe", "ours_1f1b", "torch_1f1b")}
-        bubbles = [step_bubble(list(steps)) for steps in zip(*(r["gpipe_traces"] for r in ranks), strict=True)]
-        return {"gpipe_ratio": statistics.median(a / b for a, b in zip(per_round["ours_gpipe"],
-                                                                       per_round["torch_gpipe"], strict=True)),
-                "1f1b_ratio": statistics.median(a / b for a, b in zip(per_round["ours_1f1b"],
-                                                                      per_round["torch_1f1b"], strict=True)),
-                "bubble": statistics.median(bubbles)}
+        per_round = {name: [max(v) for v in zip(*(r[name] for r in ranks), strict=True)] for name in VARIANTS}
+        out = {f"{kind}_ratio": statistics.median(o / t for o, t in zip(per_round[f"ours_{kind}"],
+                                                                       per_round[f"torch_{kind}"], strict=True))
+               for kind in ("gpipe", "1f1b", "interleaved")}
+        for kind in ("gpipe", "interleaved"):
+            out[f"{kind}_bubble"] = statistics.median(
+                step_bubble(list(steps)) for steps in zip(*(r[f"{kind}_traces"] for r in ranks), strict=True))
+        out["interleaved_bubble_excess"] = out["interleaved_bubble"] - ideal_bubble(2, PEER_SIZES["microbatches"], 2)
+        return out
 
     def track_gpipe_vs_torch(self, cache: dict[str, float]) -> float:
         """Our gpipe step / torch's ScheduleGPipe step (median of per-round ratios); below 1 is faster."""
@@ -81,8 +85,20 @@ class VersusTorchPipelining:
 
     track_1f1b_vs_torch.unit = "x torch Schedule1F1B"
 
+    def track_interleaved_vs_torch(self, cache: dict[str, float]) -> float:
+        """Our interleaved-1f1b step / torch's ScheduleInterleaved1F1B step; below 1 is faster."""
+        return cache["interleaved_ratio"]
+
+    track_interleaved_vs_torch.unit = "x torch ScheduleInterleaved1F1B"
+
     def track_gpipe_bubble(self, cache: dict[str, float]) -> float:
         """The measured gpipe bubble (S=2, M=8: the ideal is 1/9 = 0.111); smaller is better."""
-        return cache["bubble"]
+        return cache["gpipe_bubble"]
 
     track_gpipe_bubble.unit = "fraction of the step"
+
+    def track_interleaved_bubble_excess(self, cache: dict[str, float]) -> float:
+        """The measured interleaved-1f1b bubble minus its theory (p-1)/(v·M+p-1) = 1/17 (p=2, v=2, M=8)."""
+        return cache["interleaved_bubble_excess"]
+
+    track_interleaved_bubble_excess.unit = "fraction of the step"

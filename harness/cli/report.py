@@ -12,7 +12,7 @@ def add(verbs) -> None:
     report = verbs.add_parser(
         "report", help="write the comparative report of a suite's results",
         description="Read OUT/<suite>/*/metrics.jsonl and write OUT/<suite>/report/: index.html (self-contained), "
-                    "summary.csv (one row per run) and PNG plots (accuracy against train time and epochs with 95%% "
+                    "summary.csv (one row per run) and PNG plots (accuracy against train time and epochs with 95% "
                     "CI bands over seeds, time to target, bytes per sample). The page names the baseline that "
                     "speed-ups are measured against.")
     report.add_argument("suite_dir", type=Path, help="a suite's results folder, e.g. results/smoke")

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-CATEGORIES = ("gradients", "activations", "activation_grads", "params", "control", "eval")
-TRAINING_CATEGORIES = ("gradients", "activations", "activation_grads", "params")
+CATEGORIES = ("gradients", "activations", "activation_grads", "gradient_sync", "params", "control", "eval")
+TRAINING_CATEGORIES = ("gradients", "activations", "activation_grads", "gradient_sync", "params")
 
 
 def ring_all_reduce_bytes(nbytes: int, world_size: int) -> int:
@@ -70,6 +70,16 @@ class Communicator:
         self.world_size = world_size
         self.group = group
         self.ledger = Ledger()
+
+    def subgroup(self, ranks: list[int]) -> Communicator | None:
+        """A communicator over `ranks` (global ranks, in order) sharing this one's ledger, or None on a rank outside
+        it. Collective: every rank of this communicator calls it with the same `ranks`, in the same order."""
+        group = dist.new_group(sorted(ranks)) if self.world_size > 1 else None
+        if self.rank not in ranks:
+            return None
+        sub = Communicator(sorted(ranks).index(self.rank), len(ranks), group)
+        sub.ledger = self.ledger
+        return sub
 
     # -- accounting ---------------------------------------------------------------------------------------------
     def count(self, category: str, sent: int, recv: int) -> None:

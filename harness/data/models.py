@@ -19,11 +19,19 @@ def mlp(in_features: int, hidden: int, depth: int, classes: int) -> nn.Sequentia
     return nn.Sequential(*blocks)
 
 
-def digits_cnn(classes: int = 10) -> nn.Sequential:
-    """A small CNN for 1x8x8 digits: two conv blocks, a pooled hidden layer and the classifier."""
+def digits_cnn(classes: int = 10, norm: str = "none") -> nn.Sequential:
+    """A small CNN for 1x8x8 digits: two conv blocks, a pooled hidden layer and the classifier. `norm` = 'group' puts
+    a GroupNorm (4 channels per group) after each convolution: independent of the batch, so it works at batch size 1
+    (Pipelined Backpropagation); 'none' (the default) has no normalization."""
+    if norm not in ("none", "group"):
+        raise ValueError(f"unknown norm {norm!r} (none, group)")
+
+    def normed(channels: int) -> list[nn.Module]:
+        return [nn.GroupNorm(channels // 4, channels)] if norm == "group" else []
+
     return nn.Sequential(
-        nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU()),
-        nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
+        nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), *normed(16), nn.ReLU()),
+        nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), *normed(32), nn.ReLU(), nn.MaxPool2d(2)),
         nn.Sequential(nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU()),
         nn.Sequential(nn.Linear(64, classes)),
     )

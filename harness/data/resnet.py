@@ -7,6 +7,18 @@ from torch import nn
 from torch.nn import functional as F
 
 STAGE_WIDTHS = (16, 32, 64)
+#: Channels per group of the GroupNorm variant (Wu and He, 2018): 16/32/64 channels -> 4/8/16 groups.
+GROUP_CHANNELS = 4
+
+
+def norm_layer(kind: str, channels: int) -> nn.Module:
+    """BatchNorm2d ('batch', the paper's) or GroupNorm with GROUP_CHANNELS channels per group ('group': independent of
+    the batch, so usable at batch size 1, as Pipelined Backpropagation needs)."""
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    if kind == "group":
+        return nn.GroupNorm(max(1, channels // GROUP_CHANNELS), channels)
+    raise ValueError(f"unknown norm {kind!r} (batch, group)")
 
 
 def _conv3x3(in_channels: int, out_channels: int, stride: int = 1) -> nn.Conv2d:
@@ -20,16 +32,16 @@ class BasicBlock(nn.Module):
     input and appends zero channels (He et al. 2016, section 4.2, option A).
     """
 
-    def __init__(self, in_channels: int, out_channels: int, stride: int = 1):
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1, norm: str = "batch"):
         super().__init__()
         if out_channels < in_channels:
             raise ValueError(f"BasicBlock cannot narrow channels ({in_channels} -> {out_channels})")
         self.stride = stride
         self.extra_channels = out_channels - in_channels
         self.conv1 = _conv3x3(in_channels, out_channels, stride)
-        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.bn1 = norm_layer(norm, out_channels)
         self.conv2 = _conv3x3(out_channels, out_channels)
-        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.bn2 = norm_layer(norm, out_channels)
 
     def shortcut(self, x: torch.Tensor) -> torch.Tensor:
         if self.stride != 1:
@@ -49,15 +61,16 @@ def _init_weights(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, nn.Conv2d):
             nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-        elif isinstance(module, nn.BatchNorm2d):
+        elif isinstance(module, (nn.BatchNorm2d, nn.GroupNorm)):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Linear):
             nn.init.zeros_(module.bias)
 
 
-def cifar_resnet(depth: int, classes: int = 10) -> nn.Sequential:
-    """A CIFAR ResNet of `depth` = 6n+2 layers: stem, 3n BasicBlocks (widths 16/32/64), head.
+def cifar_resnet(depth: int, classes: int = 10, norm: str = "batch") -> nn.Sequential:
+    """A CIFAR ResNet of `depth` = 6n+2 layers: stem, 3n BasicBlocks (widths 16/32/64), head; `norm` = 'batch' or
+    'group' (norm_layer).
 
     Block 0 is the stem (3x3 conv to 16 channels, BN, ReLU), blocks 1..3n the BasicBlocks, block 3n+1 the head
     (global average pool, flatten, linear). Input N x 3 x 32 x 32, output N x classes logits.
@@ -67,11 +80,11 @@ def cifar_resnet(depth: int, classes: int = 10) -> nn.Sequential:
                          f"got {depth}")
     blocks_per_stage = (depth - 2) // 6
     width = STAGE_WIDTHS[0]
-    blocks: list[nn.Module] = [nn.Sequential(_conv3x3(3, width), nn.BatchNorm2d(width), nn.ReLU())]
+    blocks: list[nn.Module] = [nn.Sequential(_conv3x3(3, width), norm_layer(norm, width), nn.ReLU())]
     for stage, stage_width in enumerate(STAGE_WIDTHS):
         for i in range(blocks_per_stage):
             stride = 2 if stage > 0 and i == 0 else 1
-            blocks.append(BasicBlock(width, stage_width, stride))
+            blocks.append(BasicBlock(width, stage_width, stride, norm))
             width = stage_width
     blocks.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, classes)))
     model = nn.Sequential(*blocks)
@@ -79,10 +92,10 @@ def cifar_resnet(depth: int, classes: int = 10) -> nn.Sequential:
     return model
 
 
-def resnet20(classes: int = 10) -> nn.Sequential:
+def resnet20(classes: int = 10, norm: str = "batch") -> nn.Sequential:
     """ResNet-20 for CIFAR: 11 blocks (stem, 9 BasicBlocks, head), 269,722 parameters with 10 classes.
 
     The count is option A's (parameter-free shortcuts). 272,474, sometimes quoted, is option B: it adds a 1x1
     conv + BN projection at the two downsampling blocks (576 + 2,176 parameters).
     """
-    return cifar_resnet(20, classes)
+    return cifar_resnet(20, classes, norm)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.data import models, sources
@@ -22,14 +24,30 @@ class SyntheticOptions(BaseModel):
     num_test: int = Field(default=2048, ge=1)
 
 
+class DigitsCNNOptions(BaseModel):
+    """digits-cnn's normalization: none (default) or GroupNorm after each convolution (works at batch size 1)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    norm: Literal["none", "group"] = "none"
+
+
+class ResNetOptions(BaseModel):
+    """cifar10-resnet20's normalization: BatchNorm (the paper's, default) or GroupNorm (works at batch size 1)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    norm: Literal["batch", "group"] = "batch"
+
+
 def _digits_mlp(options: NoOptions, data_root: str | None) -> Instance:
     train, test = sources.digits()
     return Instance(train, test, lambda: models.mlp(64, 128, 2, 10))
 
 
-def _digits_cnn(options: NoOptions, data_root: str | None) -> Instance:
+def _digits_cnn(options: DigitsCNNOptions, data_root: str | None) -> Instance:
     train, test = sources.digits()
-    return Instance(train, test, lambda: models.digits_cnn(10))
+    return Instance(train, test, lambda: models.digits_cnn(10, options.norm))
 
 
 def _synthetic_mlp(options: SyntheticOptions, data_root: str | None) -> Instance:
@@ -38,11 +56,11 @@ def _synthetic_mlp(options: SyntheticOptions, data_root: str | None) -> Instance
     return Instance(train, test, lambda: models.mlp(o.in_features, o.hidden, o.depth, o.classes), classes=o.classes)
 
 
-def _cifar10_resnet20(options: NoOptions, data_root: str | None) -> Instance:
+def _cifar10_resnet20(options: ResNetOptions, data_root: str | None) -> Instance:
     from harness.data import cifar10, resnet
 
     train, test = cifar10.load(data_root)
-    return Instance(train, test, resnet.resnet20)
+    return Instance(train, test, lambda: resnet.resnet20(10, options.norm))
 
 
 _DIGITS_BUDGET = Budget(max_epochs=10, eval_every_epochs=1, target_accuracy=0.95)
@@ -53,7 +71,7 @@ DIGITS_MLP = Workload(
     _digits_mlp, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9})
 DIGITS_CNN = Workload(
     "digits-cnn", "sklearn digits (8x8, 10 classes)", "CNN conv16-conv32-fc64-10", "digits with a small CNN",
-    _digits_cnn, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9})
+    _digits_cnn, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9}, DigitsCNNOptions)
 SYNTHETIC_MLP = Workload(
     "synthetic-mlp", "synthetic Gaussian, teacher-labelled", "MLP (sizes as options)",
     "random data of any size, for performance work", _synthetic_mlp,
@@ -63,7 +81,7 @@ CIFAR10_RESNET20 = Workload(
     "cifar10-resnet20", "CIFAR-10 (local files)", "ResNet-20 (He et al. 2016, 0.27M params)",
     "the standard CIFAR study; needs the dataset on disk (see docs/data.md)", _cifar10_resnet20,
     Budget(max_epochs=160, eval_every_epochs=1, target_accuracy=0.91),
-    {"batch_size": 128, "lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4})
+    {"batch_size": 128, "lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}, ResNetOptions)
 
 #: Built-in workload names -> attributes of this module (harness/registry.py imports them by reference).
 BUILTIN: dict[str, str] = {"digits-mlp": "DIGITS_MLP", "digits-cnn": "DIGITS_CNN", "synthetic-mlp": "SYNTHETIC_MLP",

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.report import figures, local, network, page, pipeline, tables
-from harness.results import load_suite
+from harness.report import comparisons, figures, hygiene, local, network, page, pipeline, styles, tables
+from harness.results import RunResult, load_suite
 
 #: The method whose label is the default baseline, when the suite has runs of it.
 DEFAULT_BASELINE_METHOD = "ddp"
@@ -37,14 +37,48 @@ def choose_baseline(table: pd.DataFrame, requested: str | None = None) -> tuple[
     return known[0], f"default: no {DEFAULT_BASELINE_METHOD} run, so the first run's label"
 
 
+def claim_file_for(suite_dir: Path, runs: list[RunResult]) -> Path | None:
+    """The claim file beside the suite: `<stem>.claims.toml` next to the suite file the runs were made from
+    (spec.json's suite_file), else `<suite name>.claims.toml` in the results folder; None when there is neither."""
+    for run in runs:
+        suite_file = run.spec.get("suite_file")
+        if suite_file:
+            beside = Path(suite_file).with_name(f"{Path(suite_file).stem}.claims.toml")
+            if beside.is_file():
+                return beside
+    name = str(runs[0].spec.get("suite") or suite_dir.name) if runs else suite_dir.name
+    inside = suite_dir / f"{name}.claims.toml"
+    return inside if inside.is_file() else None
+
+
+def claims_section(table: pd.DataFrame, path: Path, out_dir: Path) -> str:
+    """The Claims section for the claim file at `path` (claims.csv written to out_dir), or the one-line error that
+    kept it from being judged."""
+    import html
+
+    from harness.claims.evaluate import claims_html, evaluate_claims
+    from harness.claims.model import load_claims
+    from harness.suite.files import FileError
+
+    try:
+        verdicts = evaluate_claims(table, load_claims(path), path)
+    except FileError as exc:
+        return f'<h2>Claims</h2>\n<p class="failure">The claim file could not be judged: {html.escape(str(exc))}</p>\n'
+    verdicts.to_csv(out_dir / "claims.csv", index=False)
+    return claims_html(verdicts, path)
+
+
 def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, baseline: str | None = None) -> Path:
     """Write summary.csv, the PNG plots and index.html for a suite folder; return the path of index.html.
 
-    Plots: accuracy against train time and epochs, time to target, bytes per sample, (when some run has
+    Plots: accuracy against train time and epochs, time to target, bytes per sample, probability of improvement over
+    the baseline, (when the runs span several workloads) AlgoPerf performance profiles, (when some run has
     auxiliary heads) per-chunk head accuracy, a Gantt chart of a traced step per pipeline label, and (when the runs
     span more than one network) throughput, time to target and speed-up over the baseline against the link rate,
     with a 'By network' section on the page. `baseline` is the label comparisons are made against (choose_baseline);
-    the page names the one it used.
+    the page names the one it used. A 'Robust comparisons' section gives IQM, probability of improvement, the MLPerf
+    result and AlgoPerf scores; a Claims section (and claims.csv) appears when a claim file sits beside the suite
+    (claim_file_for); runs starved of CPU are named in a warning at the top.
 
     out_dir defaults to suite_dir/report. Aggregates, curves and bar plots use the completed runs (every run
     when none completed); the summary table lists every run. Raises ValueError when the folder holds no run or the
@@ -66,18 +100,39 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
              else "No run completed: aggregates and plots use every run.")
     used_table = table[table["state"] == "completed"] if completed else table
     target = tables.common_target(runs)
+    look = styles.label_styles(table)
     plots = {
         "accuracy_vs_time.png": figures.plot_accuracy(tables.curves(used, "train_time_s"),
-                                                      tables.X_AXES["train_time_s"], target),
-        "accuracy_vs_epoch.png": figures.plot_accuracy(tables.curves(used, "epoch"), tables.X_AXES["epoch"], target),
-        "time_to_target.png": figures.plot_time_to_target(used_table, target),
-        "bytes_per_sample.png": figures.plot_bytes_per_sample(used_table),
+                                                      tables.X_AXES["train_time_s"], target, look),
+        "accuracy_vs_epoch.png": figures.plot_accuracy(tables.curves(used, "epoch"), tables.X_AXES["epoch"], target,
+                                                       look),
+        "time_to_target.png": figures.plot_time_to_target(used_table, target, look),
+        "bytes_per_sample.png": figures.plot_bytes_per_sample(used_table, look),
     }
+    has_target = any((run.spec.get("budget") or {}).get("target_accuracy") is not None for run in used)
+    robust = comparisons.robust_table(used_table, baseline_label, has_target)
+    robust.to_csv(out_dir / "comparisons.csv", index=False)
+    improvement = comparisons.improvement_long(robust)
+    if not improvement.empty:
+        plots["improvement.png"] = figures.plot_improvement(improvement, baseline_label, look)
+    scores = None
+    if has_target:
+        scores, profile = comparisons.algoperf(used_table)
+        if used_table["workload"].nunique() > 1:
+            plots["performance_profile.png"] = figures.plot_performance_profile(
+                profile, styles.label_styles(used_table.assign(
+                    label=comparisons.with_keys(used_table)["method_label"])))
+    sections = [comparisons.comparisons_html(robust, scores, baseline_label)]
+    claim_file = claim_file_for(suite_dir, runs)
+    if claim_file is not None:
+        sections.append(claims_section(table, claim_file, out_dir))
     heads = local.head_accuracies(used)
     if not heads.empty:
         plots["head_accuracy.png"] = local.plot_head_accuracy(heads)
     plots.update(pipeline.gantt_figures(used))
-    sections = []
+    pipeline_section = pipeline.pipeline_html(used, used_table, out_dir)
+    if pipeline_section:
+        sections.append(pipeline_section)
     if used_table["network"].nunique() > 1:
         speedups = network.network_speedup(used_table, baseline_label)
         speedups.to_csv(out_dir / "network_speedup.csv", index=False)
@@ -91,7 +146,8 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     suite = str(runs[0].spec.get("suite") or suite_dir.name)
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     html = page.render_html(suite, generated, table, tables.aggregate(table, ("completed",) if completed else None),
-                            tables.failures(runs), images, scope, sections, (baseline_label, chosen))
+                            tables.failures(runs), images, scope, sections, (baseline_label, chosen),
+                            [hygiene.noisy_html(table)])
     index = out_dir / "index.html"
     index.write_text(html, encoding="utf-8")
     return index

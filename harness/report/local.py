@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from harness.report import stats
 from harness.report.figures import new_figure
 from harness.report.tables import eval_records
 from harness.results import RunResult
@@ -39,8 +40,8 @@ def plot_head_accuracy(heads: pd.DataFrame) -> Figure:
 
     fig = new_figure()
     ax = fig.subplots()
-    sns.barplot(data=heads.astype({"label": str}), x="chunk", y="head_accuracy", hue="label", errorbar=("ci", 95),
-                seed=0, ax=ax)
+    sns.barplot(data=heads.astype({"label": str}), x="chunk", y="head_accuracy", hue="label",
+                errorbar=stats.bootstrap_ci95, ax=ax)
     ax.set_ylim(max(0.0, heads["head_accuracy"].min() - 0.1), 1.0)
     ax.set_xlabel("chunk (input side first)")
     ax.set_ylabel("final test accuracy of the chunk's head")

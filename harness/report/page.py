@@ -19,27 +19,44 @@ th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
 th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
 .plots { display: flex; flex-wrap: wrap; gap: 1em; } .plots figure { margin: 0; }
 .plots img { max-width: 100%; width: 760px; border: 1px solid #eee; }
-.failure { color: #a00; }
+.failure { color: #a00; } .warning { background: #fff4d6; border-left: 4px solid #e0a000; padding: 0.4em 0.8em; }
+.PASS { color: #060; font-weight: bold; } .FAIL { color: #a00; font-weight: bold; } .INCONCLUSIVE { color: #666; }
 """
 
-def _mean_ci_text(mean: float, half: float, n: int, digits: str = ".4g") -> str:
-    """(0.91234, 0.0123, 2) -> '0.9123 ± 0.0123 (n=2)'; '–' when there is no value."""
-    if n == 0 or not math.isfinite(mean):
+#: What every interval on the page is (harness/report/stats.py).
+INTERVAL_NOTE = ("Every interval on this page is a 95% percentile bootstrap over seeds (2,000 resamples, seed 0): of "
+                 "the mean in the tables and plots, stratified by workload for IQM and probability of improvement, "
+                 "paired by seed for claims.")
+
+
+def number_text(value: float, digits: str = ".4g") -> str:
+    """A number as the page shows it: '–' when NaN, '∞' for +inf."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    text = format(mean, digits)
-    if math.isfinite(half):
-        text += " ± " + format(half, digits)
-    return f"{text} (n={n})"
+    return "∞" if value == math.inf else format(value, digits)
+
+
+def interval_text(value: float, low: float, high: float, n: int | None = None, digits: str = ".4g") -> str:
+    """(0.91234, 0.90, 0.93, 2) -> '0.9123 [0.9, 0.93] (n=2)'; '–' when there is no value; no interval when NaN."""
+    if (n is not None and n == 0) or value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    text = number_text(value, digits)
+    if not (math.isnan(low) or math.isnan(high)):
+        text += f" [{number_text(low, digits)}, {number_text(high, digits)}]"
+    return text if n is None else f"{text} (n={n})"
+
 
 def aggregate_display(aggregates: pd.DataFrame) -> pd.DataFrame:
-    """aggregate (labels x columns) -> the same as text: 'mean ± 95% CI half-width (n=…)' per metric."""
+    """aggregate (labels x columns) -> the same as text: 'mean [95% bootstrap CI] (n=…)' per metric."""
     shown = pd.DataFrame({"label": aggregates["label"], "runs": aggregates["runs"],
                           "completed": aggregates["completed"]})
     for metric, name in AGGREGATED.items():
-        shown[name] = [_mean_ci_text(row[f"{metric}_mean"], row[f"{metric}_ci95"], row[f"{metric}_n"])
-                       for _, row in aggregates.iterrows()]
+        shown[name] = [interval_text(row[f"{metric}_mean"], row[f"{metric}_ci_low"], row[f"{metric}_ci_high"],
+                                     row[f"{metric}_n"]) for _, row in aggregates.iterrows()]
     shown["reached target"] = [f"{row['time_to_target_s_n']}/{row['used']}"
                                for _, row in aggregates.iterrows()]
+    if "noisy" in aggregates.columns and aggregates["noisy"].sum() > 0:
+        shown["noisy runs"] = aggregates["noisy"]
     return shown
 
 def table_html(frame: pd.DataFrame) -> str:
@@ -49,11 +66,12 @@ def table_html(frame: pd.DataFrame) -> str:
 
 def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.DataFrame,
                 failed: pd.DataFrame, images: dict[str, bytes], scope: str, sections: Sequence[str] = (),
-                baseline: tuple[str, str] | None = None) -> str:
+                baseline: tuple[str, str] | None = None, warnings: Sequence[str] = ()) -> str:
     """What the page shows -> one self-contained HTML page (inline CSS, images as data: URIs, no links).
 
     `sections`: HTML sections placed after the per-label table (e.g. network.network_html), in order.
     `baseline`: (label, how it was chosen), named at the top of the page.
+    `warnings`: HTML paragraphs shown right under the title (e.g. hygiene.noisy_html).
     """
     e = html.escape
     figures = "\n".join(
@@ -83,12 +101,13 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
 <body>
 <h1>dtbench report: {e(suite)}</h1>
 <p class="meta">Generated {e(generated)}. {len(table)} runs, {completed} completed.{baseline_html}</p>
+{"".join(warnings)}<p>{e(INTERVAL_NOTE)}</p>
 <h2>Per label (mean over seeds)</h2>
-<p>± is the half-width of the 95% Student-t confidence interval over seeds; n counts the runs with a value.
-{e(scope)}</p>
+<p>Each cell is the mean [95% bootstrap interval]; n counts the runs with a value. {e(scope)}</p>
 {table_html(aggregate_display(aggregates))}
 {"".join(sections)}<h2>Plots</h2>
-<p>Bands and error bars are seaborn's 95% bootstrap confidence intervals over seeds.</p>
+<p>Bands and error bars are the same 95% bootstrap intervals of the mean over seeds. Colours say the family
+(reference, data-parallel, compressed, pipeline, local); line styles and shades tell its members apart.</p>
 <div class="plots">
 {figures}
 </div>

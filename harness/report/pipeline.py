@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import html
 import math
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -16,25 +19,29 @@ from harness.trace import COMPUTE_OPS, TraceEvent, ideal_bubble, parse_events, s
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "update": "#55a868", "recv_act": "#cccccc",
-          "recv_grad": "#cccccc"}
+COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "update": "#55a868", "sync_grads": "#8172b3",
+          "recv_act": "#cccccc", "recv_grad": "#cccccc"}
 
 
 def traced_steps(run: RunResult) -> dict[int, list[list[TraceEvent]]]:
-    """step -> every stage's events (stages x TraceEvents) for the steps a pipeline run traced in full (all
-    stages present). Empty for runs without `trace` records, and for the virtual mode (world size 1), whose stages
-    take turns in one process, so its timeline has no overlap to measure."""
+    """step -> every rank's events (ranks x TraceEvents) for the steps a pipeline run traced in full (all ranks
+    present). Records name their rank as `worker` (older ones as `stage`, one stage per rank). Empty for runs without
+    `trace` records, and for the virtual mode (world size 1), whose ranks take turns in one process, so its timeline
+    has no overlap to measure."""
     metrics = run.metrics
-    if not {"events", "step", "stage"} <= set(metrics.columns) or not _int(run.spec.get("world_size")) > 1:
+    column = "worker" if "worker" in metrics.columns else "stage"
+    if not {"events", "step", column} <= set(metrics.columns) or not _int(run.spec.get("world_size")) > 1:
         return {}
     records = metrics[metrics["kind"] == "trace"]
     steps: dict[int, dict[int, list]] = {}
-    for step, stage, events in zip(records["step"], records["stage"], records["events"], strict=True):
-        if isinstance(events, list) and _int(step) >= 0 and _int(stage) >= 0:
-            steps.setdefault(_int(step), {})[_int(stage)] = parse_events(events)
+    for step, worker, events, stage in zip(records["step"], records[column], records["events"],
+                                           records["stage"] if "stage" in records.columns else records[column],
+                                           strict=True):
+        if isinstance(events, list) and _int(step) >= 0 and _int(worker) >= 0:
+            steps.setdefault(_int(step), {})[_int(worker)] = parse_events(events, _int(stage))
     world = int(run.spec["world_size"])
-    return {step: [by_stage[s] for s in range(world)] for step, by_stage in sorted(steps.items())
-            if len(by_stage) == world}
+    return {step: [by_rank[r] for r in range(world)] for step, by_rank in sorted(steps.items())
+            if len(by_rank) == world}
 
 
 def _int(value: object) -> int:
@@ -52,39 +59,52 @@ def measured_bubble(run: RunResult) -> float:
 
 
 def ideal_bubble_of(run: RunResult) -> float:
-    """(S-1)/(M+S-1) for a flushed pipeline run (its spec has `microbatches`), else NaN."""
+    """(p-1)/(v·M+p-1) for a flushed pipeline run on p ranks with v stages each (its spec has `microbatches`; v is
+    `stages_per_rank`, default 1), else NaN (asynchronous or replicated pipelines have no closed form here)."""
     params = run.spec.get("params") or {}
-    stages, micro = run.spec.get("world_size"), params.get("microbatches")
-    return ideal_bubble(stages, micro) if stages and micro else math.nan
+    ranks, micro = run.spec.get("world_size"), params.get("microbatches")
+    if not ranks or not micro or params.get("replicas"):
+        return math.nan
+    return ideal_bubble(ranks, micro, params.get("stages_per_rank") or 1)
+
+
+def _bar_label(event: TraceEvent, several_stages: bool) -> str:
+    text = f"{event.stage}.{event.mb}" if several_stages else str(event.mb)
+    return text + (f"@{event.iteration}" if event.iteration else "")
 
 
 def plot_gantt(run: RunResult) -> Figure:
-    """One pipeline run -> the timeline of its last fully traced step: a row per stage, a bar per action
-    (forward, backward, update; receive waits in grey), times in ms from the step's first action."""
+    """One pipeline run -> the timeline of its last fully traced step: a row per rank, a bar per action (forward,
+    backward, update, replica sync; receive waits in grey), labelled by microbatch (stage.microbatch where a rank holds
+    several stages), times in ms from the step's first compute action."""
     from matplotlib.patches import Patch
 
-    step, stages = list(traced_steps(run).items())[-1]
-    origin = min(e.start for events in stages for e in events if e.op in COMPUTE_OPS)
-    fig = new_figure(width=9.0, height=1.6 + 0.6 * len(stages))
+    step, ranks = list(traced_steps(run).items())[-1]
+    origin = min(e.start for events in ranks for e in events if e.op in COMPUTE_OPS)
+    fig = new_figure(width=9.0, height=1.6 + 0.6 * len(ranks))
     ax = fig.subplots()
-    for s, events in enumerate(stages):
-        for op, mb, start, end, _ in events:
-            start = max(start, origin)  # a wait that began before the step's first forward is not drawn
-            if op not in COLORS or end <= start:
+    for r, events in enumerate(ranks):
+        several = len({e.stage for e in events}) > 1
+        for e in events:
+            start = max(e.start, origin)  # a wait that began before the step's first forward is not drawn
+            if e.op not in COLORS or e.end <= start:
                 continue
-            ax.broken_barh([((start - origin) * 1e3, (end - start) * 1e3)], (s - 0.4, 0.8), facecolors=COLORS[op],
+            ax.broken_barh([((start - origin) * 1e3, (e.end - start) * 1e3)], (r - 0.4, 0.8), facecolors=COLORS[e.op],
                            edgecolor="white", linewidth=0.3)
-            if op in ("forward", "backward") and mb >= 0:
-                ax.text((start + end - 2 * origin) / 2 * 1e3, s, str(mb), ha="center", va="center", fontsize=6)
-    ax.set_yticks(range(len(stages)), [f"stage {s}" for s in range(len(stages))])
+            if e.op in ("forward", "backward") and e.mb >= 0:
+                ax.text((start + e.end - 2 * origin) / 2 * 1e3, r, _bar_label(e, several), ha="center", va="center",
+                        fontsize=6)
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in range(len(ranks))])
     ax.invert_yaxis()
-    ax.set_xlabel("time from the step's first forward (ms)")
+    ax.set_xlabel("time from the step's first compute action (ms)")
     ideal = ideal_bubble_of(run)
-    text = f"measured bubble {step_bubble(stages):.3f}" + ("" if math.isnan(ideal) else f", ideal {ideal:.3f}")
+    text = f"measured bubble {step_bubble(ranks):.3f}" + ("" if math.isnan(ideal) else f", ideal {ideal:.3f}")
     ax.set_title(f"{run.label} (seed {run.spec.get('seed')}), step {step}: {text}", fontsize="medium")
-    ax.legend(handles=[Patch(color=COLORS[k], label=k.replace("recv_act", "waiting")) for k in
-                       ("forward", "backward", "update", "recv_act")], fontsize="small", loc="upper center",
-              bbox_to_anchor=(0.5, -0.35 if len(stages) < 3 else -0.2), ncol=4, frameon=False)
+    shown = [k for k in ("forward", "backward", "update", "sync_grads", "recv_act")
+             if k != "sync_grads" or any(e.op == k for events in ranks for e in events)]
+    ax.legend(handles=[Patch(color=COLORS[k], label=k.replace("recv_act", "waiting")) for k in shown],
+              fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(ranks) < 3 else -0.2),
+              ncol=len(shown), frameon=False)
     return fig
 
 
@@ -97,3 +117,35 @@ def gantt_figures(runs: Sequence[RunResult]) -> dict[str, Figure]:
             chosen[run.label] = run
     return {f"gantt_{safe_name(label)}.png": plot_gantt(run) for label, run in sorted(chosen.items())}
 
+
+
+def pipeline_html(runs: Sequence[RunResult], table: pd.DataFrame, report_dir: Path) -> str:
+    """The 'Pipelines' section: per pipeline label the measured bubble and the peak bytes a stage held (activations,
+    weight versions), means over seeds, and a link to each run's trace.json (open it in Perfetto or
+    chrome://tracing); '' when no run is a pipeline."""
+    rows = table[table["family"] == "pipeline"]
+    if rows.empty:
+        return ""
+    e = html.escape
+    shown = rows.groupby("label", sort=False)[["bubble", "peak_activation_bytes", "peak_weight_bytes"]].mean()
+    body = "".join(f"<tr><td>{e(str(label))}</td><td>{_fmt(r.bubble, '.3f')}</td>"
+                   f"<td>{_fmt(r.peak_activation_bytes, ',.0f')}</td><td>{_fmt(r.peak_weight_bytes, ',.0f')}</td></tr>"
+                   for label, r in shown.iterrows())
+    links = []
+    for run in runs:
+        trace = run.run_dir / "trace.json"
+        if trace.exists():
+            target = os.path.relpath(trace, report_dir)
+            links.append(f'<li><a href="{e(target)}">{e(run.run_dir.name)}/trace.json</a></li>')
+    traces = (f"<p>Traced steps in the Chrome trace format (a track per rank, stage and lane; messages as arrows): "
+              f"open in Perfetto (ui.perfetto.dev) or chrome://tracing.</p><ul>{''.join(links)}</ul>" if links else "")
+    return f"""<h2>Pipelines</h2>
+<p>Bubble: the measured idle share of a step (multi-process runs). Peak bytes: the most a stage held in any step, over
+stages and seeds' mean: stored activations for backwards, and stashed or predicted weight versions.</p>
+<table><tr><th>label</th><th>bubble</th><th>peak activation bytes</th><th>peak weight bytes</th></tr>{body}</table>
+{traces}
+"""
+
+
+def _fmt(value: float, spec: str) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)

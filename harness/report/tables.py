@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.report import stats
+from harness.report import hygiene, stats
 from harness.report.pipeline import measured_bubble
 from harness.results import RunResult
 
@@ -18,7 +18,10 @@ SUMMARY_COLUMNS = (
     "suite", "run_id", "method", "workload", "world_size", "seed", "state", "final_accuracy", "best_accuracy",
     "time_to_target_s", "train_time_s", "total_bytes", "bytes_per_sample",
 )  # fmt: skip
-EXTRA_COLUMNS = ("label", "family", "steps", "epochs", "network", "samples_per_s", "bubble")
+EXTRA_COLUMNS = ("label", "family", "steps", "epochs", "network", "samples_per_s", "bubble", "peak_activation_bytes",
+                 "peak_weight_bytes")
+#: Further columns (after EXTRA_COLUMNS): steady-state communication and measurement hygiene (report/hygiene.py).
+MORE_COLUMNS = ("last_epoch_bytes_per_sample", "cpu_share", "other_load", "noisy")
 CURVE_COLUMNS = ("label", "seed", "run_id", "x", "test_accuracy")
 #: Summary columns that the per-label aggregate averages over seeds, with their display names.
 AGGREGATED = {
@@ -29,7 +32,7 @@ AGGREGATED = {
 }
 X_AXES = {"train_time_s": "train time (s)", "epoch": "epoch"}
 #: The record kinds the report reads (docs/results.md); records of other kinds are ignored.
-KNOWN_KINDS = ("train", "eval", "comm")
+KNOWN_KINDS = ("train", "eval", "comm", "cpu")
 
 
 def numeric(frame: pd.DataFrame, column: str) -> pd.Series:
@@ -68,7 +71,7 @@ def run_summary(run: RunResult) -> dict[str, Any]:
     has_bytes = sent.notna() & numeric(train, "rank").notna()
     total_bytes = int(round(sent[has_bytes].groupby(numeric(train, "rank")[has_bytes]).last().sum()))
     samples = last_value(numeric(lowest_rank(train), "samples"))
-    train_time = float(numeric(rank0, "train_time_s").max())
+    train_time = float(numeric(rank0[rank0["kind"] != "cpu"], "train_time_s").max())
     return {
         "suite": spec.get("suite"),
         "run_id": spec.get("run_id") or run.run_dir.name,
@@ -90,7 +93,40 @@ def run_summary(run: RunResult) -> dict[str, Any]:
         "network": network_text(spec),
         "samples_per_s": samples / train_time if samples > 0 and train_time > 0 else math.nan,
         "bubble": measured_bubble(run),
+        "peak_activation_bytes": peak_bytes(train, "peak_activation_bytes"),
+        "peak_weight_bytes": peak_bytes(train, "peak_weight_bytes"),
+        "last_epoch_bytes_per_sample": last_epoch_bytes_per_sample(train),
+        **hygiene.run_hygiene(metrics),
     }
+
+def peak_bytes(train: pd.DataFrame, column: str) -> float:
+    """The largest value over every train record (all ranks) of a per-stage list field such as
+    peak_activation_bytes: the most any stage held in any step. NaN when no record has the field (not a pipeline)."""
+    if column not in train.columns:
+        return math.nan
+    values = [v for cell in train[column] if isinstance(cell, list) for v in cell if isinstance(v, (int, float))]
+    return float(max(values)) if values else math.nan
+
+def last_epoch_bytes_per_sample(train: pd.DataFrame) -> float:
+    """train records (records x fields) -> bytes sent by all ranks per sample over the last epoch of training: the
+    steady state, after any warm-up. For each rank, bytes_sent of its last record minus that of its last record at
+    least one epoch earlier (0 bytes at epoch 0 when there is none), summed over ranks, over the samples between
+    rank 0's two records. NaN without train records with bytes and samples."""
+    epochs, sent, samples = numeric(train, "epoch"), numeric(train, "bytes_sent"), numeric(train, "samples")
+    ranks = numeric(train, "rank")
+    keep = epochs.notna() & sent.notna() & samples.notna() & ranks.notna()
+    if not keep.any():
+        return math.nan
+    frame = pd.DataFrame({"rank": ranks[keep], "epoch": epochs[keep], "sent": sent[keep], "samples": samples[keep]})
+    total, span = 0.0, math.nan
+    for rank, rows in frame.groupby("rank"):
+        last = rows.iloc[-1]
+        earlier = rows[rows["epoch"] <= last["epoch"] - 1.0]
+        before = earlier.iloc[-1] if len(earlier) else pd.Series({"sent": 0.0, "samples": 0.0})
+        total += last["sent"] - before["sent"]
+        if rank == frame["rank"].min():
+            span = last["samples"] - before["samples"]
+    return total / span if span > 0 else math.nan
 
 def network_text(spec: dict[str, Any]) -> str:
     """A spec's emulated network in the --network form ('100mbit,latency=1ms'); '' for none (loopback)."""
@@ -114,20 +150,29 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
     - network: the emulated network in the --network form ('100mbit', 'unlimited,latency=1ms'); empty for none.
     - samples_per_s: throughput, rank 0's last global samples / train_time_s (NaN when either is 0 or missing).
     - bubble: a multi-process pipeline run's measured idle share, from its `trace` records (NaN for others).
+    - peak_activation_bytes / peak_weight_bytes: a pipeline run's most bytes of stored activations / of stashed or
+      predicted weight versions held by any stage in any step (max over stages; NaN for other methods).
+    - last_epoch_bytes_per_sample: bytes_per_sample over the last epoch only (see last_epoch_bytes_per_sample).
+    - cpu_share, other_load, noisy: measurement hygiene from the ranks' `cpu` records (report/hygiene.py): the
+      lowest share of its runnable time a rank ran, the largest share of a host used by other processes, and
+      whether the run was starved by them (empty for runs without `cpu` records).
     A run without metrics still gets a row (NaN metrics, 0 bytes).
     """
-    table = pd.DataFrame([run_summary(run) for run in runs], columns=[*SUMMARY_COLUMNS, *EXTRA_COLUMNS])
+    table = pd.DataFrame([run_summary(run) for run in runs],
+                         columns=[*SUMMARY_COLUMNS, *EXTRA_COLUMNS, *MORE_COLUMNS])
     table["total_bytes"] = table["total_bytes"].astype("int64")
     table["steps"] = table["steps"].astype("Float64").round().astype("Int64")
+    table["noisy"] = table["noisy"].astype("boolean")
     return table
 
 def aggregate(table: pd.DataFrame, states: Sequence[str] | None = ("completed",)) -> pd.DataFrame:
     """summary (runs x columns) -> DataFrame (labels x columns), labels in order of first appearance.
 
-    Columns: label, runs (all the label's runs), completed, used (runs whose state is in `states`, or all runs
-    when states is None: only these enter the statistics), then for each AGGREGATED metric m: m_mean, m_ci95
-    (95% Student-t half-width over seeds) and m_n (used runs with a finite value; for time_to_target_s, those
-    that reached the target).
+    Columns: label, family, runs (all the label's runs), completed, used (runs whose state is in `states`, or all
+    runs when states is None: only these enter the statistics), noisy (used runs starved of CPU), then for each
+    AGGREGATED metric m: m_mean, m_ci_low and m_ci_high (the 95% percentile bootstrap interval of the mean over
+    seeds, stats.bootstrap_ci95: the interval the plots draw) and m_n (used runs with a finite value; for
+    time_to_target_s, those that reached the target).
     """
     rows = []
     for label in pd.unique(table["label"]):
@@ -135,15 +180,21 @@ def aggregate(table: pd.DataFrame, states: Sequence[str] | None = ("completed",)
         used = group if states is None else group[group["state"].isin(states)]
         row: dict[str, Any] = {
             "label": label,
+            "family": group["family"].iloc[0] if "family" in group.columns else None,
             "runs": len(group),
             "completed": int((group["state"] == "completed").sum()),
             "used": len(used),
+            "noisy": len(hygiene.noisy_runs(used)),
         }
         for metric in AGGREGATED:
-            row[f"{metric}_mean"], row[f"{metric}_ci95"], row[f"{metric}_n"] = stats.mean_ci95(used[metric])
+            values = numeric(used, metric)
+            finite = values[np.isfinite(values)]
+            row[f"{metric}_mean"] = float(finite.mean()) if len(finite) else math.nan
+            row[f"{metric}_ci_low"], row[f"{metric}_ci_high"] = stats.bootstrap_ci95(finite)
+            row[f"{metric}_n"] = len(finite)
         rows.append(row)
-    columns = ["label", "runs", "completed", "used"]
-    columns += [f"{m}_{s}" for m in AGGREGATED for s in ("mean", "ci95", "n")]
+    columns = ["label", "family", "runs", "completed", "used", "noisy"]
+    columns += [f"{m}_{s}" for m in AGGREGATED for s in ("mean", "ci_low", "ci_high", "n")]
     return pd.DataFrame(rows, columns=columns)
 
 def curves(runs: Sequence[RunResult], x: str = "train_time_s", grid_points: int = 100) -> pd.DataFrame:

@@ -17,6 +17,8 @@ from harness.method import EvalResult, Method
 from harness.run import checkpoint
 from harness.run.clock import TrainClock
 from harness.run.records import MetricsWriter
+from harness.run.schedule import LrSchedule
+from harness.run.usage import UsageSample, usage_record
 from harness.suite.spec import Budget, RunSpec
 
 # Ranks agree on time-based decisions (time budget, eval_every_seconds) and on divergence with one tiny all-reduce
@@ -63,6 +65,12 @@ class Outcome:
 class Loop:
     """Runs `method` under `spec`'s budget on one rank, writing train and eval records.
 
+    Before every step the learning rate of each of the method's optimizers' param groups is set to its base lr (the
+    lr the method built it with) times the schedule's factor for that step (harness/run/schedule.py), so every
+    method follows the same schedule and a resumed run the same lr. A constant schedule leaves the optimizers alone.
+    At the end every rank writes a `cpu` record: its CPU time, run-queue wait and wall time over the run, and the
+    machine's load (harness/run/usage.py), from which the report tells starved (noisy) runs.
+
     Checkpoints (run_dir/checkpoint.pt) are written every spec.checkpoint_every_steps steps, at the end of the run
     when that is set, and when a stop is requested (checkpoint.STOP: a preemption or time-limit signal on any
     rank, agreed in the control round so that every rank stops after the same step). `restore` resumes from one.
@@ -77,6 +85,14 @@ class Loop:
         self.checkpoint_every = spec.checkpoint_every_steps if self.checkpointable else None
         self.order = DataOrder(len(train), spec.params["batch_size"], spec.seed)
         self.plan = Plan.from_budget(spec.budget, self.order.steps_per_epoch)
+        self.schedule = LrSchedule.from_params(spec.params, self.order.steps_per_epoch, self.plan.max_steps)
+        self.optimizers = method.optimizers()
+        if not self.schedule.is_constant and not self.optimizers:
+            raise ValueError(f"method {spec.method!r} does not expose its optimizers (Method.optimizers), so the "
+                             f"runner cannot apply lr_schedule {self.schedule.kind!r} or a warm-up to it")
+        # taken before any restore: a checkpoint's optimizer state carries the lr of its last step, not the base
+        self.base_lrs = [[group["lr"] for group in optimizer.param_groups] for optimizer in self.optimizers]
+        self.lr = float(spec.params.get("lr", math.nan))  # the run's lr times the factor of the last step taken
         self.step = 0
         self.last_eval: dict[str, Any] | None = None
         self._next_eval_time = spec.budget.eval_every_seconds or math.inf
@@ -86,8 +102,15 @@ class Loop:
         self._control = None  # (future, flags) of the control round in flight
 
     def run(self) -> Outcome:
+        """Train to the end of the budget (or a divergence, or an agreed stop); then write this rank's `cpu` record."""
         self.comm.barrier()  # every rank starts its train clock together, after its own set-up
         self.clock.start_training()
+        start = UsageSample.now()
+        outcome = self._train()
+        self.writer.write("cpu", **usage_record(start, UsageSample.now(), self.spec.threads_per_rank))
+        return outcome
+
+    def _train(self) -> Outcome:
         if self.step == 0:  # a resumed run evaluated its checkpoint's step before it was taken
             self.evaluate()
         while not self._last():
@@ -137,6 +160,8 @@ class Loop:
         """
         batch = Batch(self.step, self.order.epoch_of(self.step), self.order.batch(self.step), self.train,
                       self.spec.seed)
+        if not self.schedule.is_constant:
+            self.set_lr(self.step)
         stats = self.method.train_step(batch)
         self.step += 1
         finite = stats.loss is None or math.isfinite(stats.loss)
@@ -148,6 +173,14 @@ class Loop:
                                                             checkpoint.STOP.signum)
         eval_by_steps = bool(self.plan.eval_every_steps) and self.step % self.plan.eval_every_steps == 0
         return diverged, time_up, eval_by_steps or eval_by_time, stop
+
+    def set_lr(self, step: int) -> None:
+        """Every param group's lr <- its base lr times the schedule's factor at `step` (0-based)."""
+        factor = self.schedule.factor(step)
+        for optimizer, bases in zip(self.optimizers, self.base_lrs, strict=True):
+            for group, base in zip(optimizer.param_groups, bases, strict=True):
+                group["lr"] = base * factor
+        self.lr = float(self.spec.params.get("lr", math.nan)) * factor
 
     def _samples(self) -> int:
         return self.step * self.order.batch_size
@@ -196,7 +229,7 @@ class Loop:
     def _log_train(self, loss: float, extra: dict[str, Any]) -> None:
         sent, recv = self.comm.ledger.training_bytes()
         self.writer.write("train", step=self.step, epoch=self.order.epoch_of(self.step), samples=self._samples(),
-                          loss=loss, bytes_sent=sent, bytes_recv=recv,
+                          loss=loss, lr=self.lr, bytes_sent=sent, bytes_recv=recv,
                           bytes_by_category=self.comm.ledger.by_category(), **extra)
 
     def evaluate(self) -> EvalResult | None:

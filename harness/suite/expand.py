@@ -114,6 +114,10 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
         budget = (entry.budget.over(suite.budget) if entry.budget else suite.budget).over(workload.budget)
         if budget.max_epochs is None and budget.max_steps is None and budget.max_train_seconds is None:
             raise FileError(f"{path}: budget: give at least one of max_epochs, max_steps, max_train_seconds")
+        if params.lr_schedule != "constant" and budget.max_epochs is None and budget.max_steps is None:
+            origin = f"{where}.params" if "lr_schedule" in entry.params else "defaults"
+            raise FileError(f"{path}: {origin}.lr_schedule: {params.lr_schedule!r} needs a planned number of steps: "
+                            "give the budget max_epochs or max_steps")
         threads = entry.threads_per_rank or suite.threads_per_rank or default_threads(entry.world_size)
         run_network = network or entry.network or suite.network
         label = entry.label or default_label(entry, method_cls.name)

@@ -7,9 +7,10 @@ from typing import Any
 import torch
 from pydantic import Field
 
+from methods.bits import byte_codes, pack_bits_, round_up
 from methods.compression.core import Compressed, Compressor, ErrorFeedback, Memory
 from methods.compression.method import CompressedDDP, CompressionParams
-from methods.compression.packing import Scratch, byte_codes, flat_fp32, pack_bits_, round_up
+from methods.compression.packing import Scratch, flat_fp32
 
 
 class OneBitCompressor(Compressor):

@@ -10,9 +10,10 @@ import torch.distributed as dist
 from pydantic import Field
 
 from harness.comm.communicator import Communicator
+from methods.bits import byte_codes, pack_bits_, round_up
 from methods.compression.core import Compressed, Compressor
 from methods.compression.method import CompressedDDP, CompressionParams
-from methods.compression.packing import Scratch, byte_codes, flat_fp32, pack_bits_, round_up
+from methods.compression.packing import Scratch, flat_fp32
 
 #: 2-bit codes: 0 -> 0, 1 -> +s, 2 -> -s (3 is never produced and decodes to 0).
 CODE_VALUES = (0.0, 1.0, -1.0, 0.0)

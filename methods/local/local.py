@@ -105,6 +105,9 @@ class Local(Method):
             extra.update(queue_wait_s=self.sender.stats.wait_s - before, in_flight=self.sender.in_flight())
         return StepStats(loss=losses[-1].item(), extra=extra)
 
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.optimizer]
+
     def evaluate(self, test: TensorData) -> EvalResult | None:
         """Every chunk's head on the whole test set, through the chain; the last chunk's is the method's number."""
         loss_fn = self.ctx.workload.loss

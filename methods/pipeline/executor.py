@@ -1,124 +1,157 @@
-"""Executors of a schedule: one stage per process with real P2P, or all stages in one process, same numerics."""
+"""Executors of a schedule: one worker per process with real P2P, or every worker in one process, same numerics."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from harness.comm.communicator import Communicator
-from harness.comm.tags import Tag
+from harness.comm.tags import pipeline_tag
 from harness.trace import TraceEvent
-from methods.pipeline.schedule import Action, Interleaver, Op, Schedule
-from methods.pipeline.stage import Stage
+from methods.pipeline.codecs import Codec, Plain
+from methods.pipeline.interleaver import Interleaver, Message, destination_stage, message_of, stream_of
+from methods.pipeline.placement import Placement
+from methods.pipeline.schedule import RECEIVES, SENDS, Action, Op, Schedule
+from methods.pipeline.stage import Key, Stage
 
 CATEGORY = {"act": "activations", "grad": "activation_grads"}
-TAG = {"act": Tag.ACTIVATIONS, "grad": Tag.ACTIVATION_GRADS}
 
 
 @dataclass
 class Microbatches:
-    """What one stage needs of the microbatches of a step: their sizes, the inputs (first stage), the labels and loss
-    scales (last stage). Keyed by the schedule's microbatch ids."""
+    """What one stage needs of the microbatches of a step, keyed by (iteration, mb): their sizes, the inputs (first
+    stage), the labels and loss scales (last stage). A rank loads only the microbatches it owns."""
 
-    sizes: dict[int, int]
-    inputs: dict[int, torch.Tensor] = field(default_factory=dict)
-    targets: dict[int, torch.Tensor] = field(default_factory=dict)
-    scales: dict[int, float] = field(default_factory=dict)
+    sizes: dict[Key, int]
+    inputs: dict[Key, torch.Tensor] = field(default_factory=dict)
+    targets: dict[Key, torch.Tensor] = field(default_factory=dict)
+    scales: dict[Key, float] = field(default_factory=dict)
+
+
+@dataclass
+class Wire:
+    """How tensors cross stage boundaries: shapes[s] is the per-sample shape of the tensor entering stage s (the
+    output of stage s-1; shapes[0] is the input's), and the codecs of activations and of their gradients."""
+
+    shapes: Sequence[tuple[int, ...]]
+    activation: Codec = field(default_factory=Plain)
+    gradient: Codec = field(default_factory=Plain)
+
+    def codec(self, kind: str) -> Codec:
+        return self.activation if kind == "act" else self.gradient
+
+    def shape(self, message: Message, size: int) -> tuple[int, ...]:
+        """The tensor shape a message carries: an activation enters stage s+1, a gradient is w.r.t. stage s's input."""
+        kind, stage, _, _ = message
+        return (size, *self.shapes[stage + 1 if kind == "act" else stage])
 
 
 @dataclass
 class Trace:
-    """Every action a stage ran, measured (harness/trace.py: op, microbatch, start, end, weight version)."""
+    """Every action a worker ran, measured (harness/trace.py: op, microbatch, start, end, weight version, stage,
+    iteration)."""
 
     events: list[TraceEvent] = field(default_factory=list)
 
     def add(self, action: Action, start: float, end: float, version: int = -1) -> None:
-        self.events.append(TraceEvent(action.op.value, -1 if action.mb is None else action.mb, start, end, version))
+        self.events.append(TraceEvent(action.op.value, -1 if action.mb is None else action.mb, start, end, version,
+                                      action.stage, action.iteration))
 
 
-def run_action(stage: Stage, action: Action, micro: Microbatches, inbox: dict, outbox: dict) -> int:
-    """Do the compute part of `action` on `stage`. Received tensors are in inbox[(kind, mb)]; tensors to send are left
-    in outbox[(kind, mb)]. Returns the weight version a forward or backward used (-1 otherwise)."""
-    op, mb = action.op, action.mb
-    if op is Op.FORWARD:
-        x = micro.inputs[mb] if stage.first else inbox.pop(("act", mb))
-        out = stage.forward(mb, x, micro.targets.get(mb), micro.scales.get(mb, 1.0))
-        version = stage.version_of(mb)
+def run_compute(stage: Stage, action: Action, view: Microbatches, inbox: dict, outbox: dict) -> int:
+    """Do a forward, backward or update on `stage`. Received tensors are in inbox[(kind, key)]; tensors to send are
+    left in outbox[(kind, key)]. Returns the weight version a forward or backward used (-1 otherwise)."""
+    key = action.key
+    if action.op is Op.FORWARD:
+        x = view.inputs[key] if stage.first else inbox.pop(("act", key))
+        out = stage.forward(key, x, view.targets.get(key), view.scales.get(key, 1.0))
         if not stage.last:
-            outbox[("act", mb)] = out
-        return version
-    if op is Op.BACKWARD:
-        version = stage.version_of(mb)
-        grad = stage.backward(mb, None if stage.last else inbox.pop(("grad", mb)))
+            outbox[("act", key)] = out
+        return stage.version_of(key)
+    if action.op is Op.BACKWARD:
+        version = stage.backward_version_of(key)
+        grad = stage.backward(key, None if stage.last else inbox.pop(("grad", key)))
         if not stage.first:
-            outbox[("grad", mb)] = grad
+            outbox[("grad", key)] = grad
         return version
-    if op is Op.UPDATE:
+    if action.op is Op.UPDATE:
         stage.update()
-    return -1
+        return -1
+    raise ValueError(f"not a compute action: {action}")
 
 
-def _peer(stage: int, op: Op) -> tuple[str, int]:
-    return {Op.RECV_ACT: ("act", stage - 1), Op.SEND_ACT: ("act", stage + 1), Op.RECV_GRAD: ("grad", stage + 1),
-            Op.SEND_GRAD: ("grad", stage - 1)}[op]
+def synced(flat_sum: torch.Tensor, mean: bool) -> torch.Tensor:
+    """Replicas' summed [gradients..., backwards] -> the gradient to apply: the sum (a flushed pipeline, whose loss
+    scales already weigh each microbatch), or the mean over the minibatches the replicas ran (PipeDream)."""
+    grads, count = flat_sum[:-1], flat_sum[-1]
+    return grads / count.clamp(min=1) if mean else grads
 
 
 class ProcessExecutor:
-    """Runs one stage's action list on this rank: sends are isend (waited for one step later, so a send never holds
-    up the stage), receives are posted at the start of the step and waited for at their action, whose duration is
-    therefore the wait. Bytes are counted by the communicator as `activations` and `activation_grads`.
+    """Runs one rank's action list: sends are isend (waited for one step later, so a send never holds up the
+    stage), receives are posted at the start of the step and waited for at their action, whose duration is therefore
+    the wait. Tensors go through the wire's codecs; the communicator counts the payload bytes as `activations` and
+    `activation_grads`. SYNC_GRADS all-reduces a stage's gradients among its replicas (`gradient_sync`)."""
 
-    `ranks[s]` is the rank that runs stage s; `shapes[s]` is the per-sample shape of the tensor entering stage s
-    (the output of stage s-1), for s = 1..S-1.
-    """
-
-    def __init__(self, stage: Stage, comm: Communicator, ranks: Sequence[int], shapes: Sequence[tuple[int, ...]],
-                 dtype: torch.dtype = torch.float32):
-        self.stage, self.comm, self.ranks, self.shapes, self.dtype = stage, comm, list(ranks), list(shapes), dtype
+    def __init__(self, rank: int, stages: Mapping[int, Stage], comm: Communicator, placement: Placement,
+                 wire: Wire, replica_comms: Mapping[int, Communicator] | None = None, sync_mean: bool = False):
+        self.rank, self.stages, self.comm, self.placement, self.wire = rank, dict(stages), comm, placement, wire
+        self.replica_comms, self.sync_mean = dict(replica_comms or {}), sync_mean
+        self._boxes = {s: ({}, {}) for s in self.stages}  # per stage: (inbox, outbox)
         self._sends: list[dist.Work] = []
         self._older_sends: list[dist.Work] = []
         self._keep: list[torch.Tensor] = []  # send buffers stay alive until their send completes
         self._older_keep: list[torch.Tensor] = []
 
-    def _shape(self, kind: str, mb: int, micro: Microbatches) -> tuple[int, ...]:
-        s = self.stage.index
-        per_sample = self.shapes[s] if kind == "act" else self.shapes[s + 1]
-        return (micro.sizes[mb], *per_sample)
-
-    def run(self, actions: Sequence[Action], micro: Microbatches) -> Trace:
-        s = self.stage.index
-        posted: dict[tuple[str, int], tuple[torch.Tensor, dist.Work]] = {}
+    def run(self, actions: Sequence[Action], views: Mapping[int, Microbatches]) -> Trace:
+        posted: dict[Message, tuple[torch.Tensor, dist.Work]] = {}
         for a in actions:
-            if a.op in (Op.RECV_ACT, Op.RECV_GRAD):
-                kind, peer = _peer(s, a.op)
-                buf = torch.empty(self._shape(kind, a.mb, micro), dtype=self.dtype)
-                posted[(kind, a.mb)] = (buf, self.comm.irecv(buf, self.ranks[peer], CATEGORY[kind], TAG[kind]))
-        inbox: dict = {}
-        outbox: dict = {}
+            if a.op in RECEIVES:
+                message = message_of(a)
+                kind, src_stage, _, mb = message
+                size = views[a.stage].sizes[a.key]
+                buf = torch.empty(self.wire.codec(kind).nbytes(size * _numel(self.wire.shape(message, 1))),
+                                  dtype=torch.uint8)
+                posted[message] = (buf, self.comm.irecv(buf, self.placement.owner(src_stage, mb), CATEGORY[kind],
+                                                        pipeline_tag(kind, min(src_stage, destination_stage(message)))))
         trace = Trace()
         clock = time.perf_counter
         for a in actions:
             start = clock()
             version = -1
-            if a.op in (Op.RECV_ACT, Op.RECV_GRAD):
-                kind, _ = _peer(s, a.op)
-                buf, work = posted.pop((kind, a.mb))
+            if a.op in RECEIVES:
+                message = message_of(a)
+                buf, work = posted.pop(message)
                 work.wait()
-                inbox[(kind, a.mb)] = buf
-            elif a.op in (Op.SEND_ACT, Op.SEND_GRAD):
-                kind, peer = _peer(s, a.op)
-                tensor = outbox.pop((kind, a.mb)).detach().contiguous()
-                self._sends.append(self.comm.isend(tensor, self.ranks[peer], CATEGORY[kind], TAG[kind]))
-                self._keep.append(tensor)
+                kind = message[0]
+                tensor = self.wire.codec(kind).decode(buf, self.wire.shape(message, views[a.stage].sizes[a.key]))
+                self._boxes[a.stage][0][(kind, a.key)] = tensor
+            elif a.op in SENDS:
+                message = message_of(a)
+                kind, stage, _, mb = message
+                payload = self.wire.codec(kind).encode(self._boxes[a.stage][1].pop((kind, a.key)),
+                                                       stream_of(message, self.placement))
+                dst = self.placement.owner(destination_stage(message), mb)
+                tag = pipeline_tag(kind, min(stage, destination_stage(message)))
+                self._sends.append(self.comm.isend(payload, dst, CATEGORY[kind], tag))
+                self._keep.append(payload)
+            elif a.op is Op.SYNC_GRADS:
+                self._sync(self.stages[a.stage])
             else:
-                version = run_action(self.stage, a, micro, inbox, outbox)
+                inbox, outbox = self._boxes[a.stage]
+                version = run_compute(self.stages[a.stage], a, views.get(a.stage), inbox, outbox)
             trace.add(a, start, clock(), version)
         self._retire()
         return trace
+
+    def _sync(self, stage: Stage) -> None:
+        flat = torch.cat([stage.flat_gradients(), torch.tensor([float(stage.backwards_since_update)])])
+        self.replica_comms[stage.index].all_reduce(flat, "gradient_sync")
+        stage.set_gradients(synced(flat, self.sync_mean))
 
     def _retire(self) -> None:
         """Wait for the sends of the previous step; this step's stay in flight until the next."""
@@ -136,33 +169,66 @@ class ProcessExecutor:
 
 
 class VirtualExecutor:
-    """Runs every stage in this process. The stages' action lists are interleaved as messages allow (see
-    Interleaver); a "message" is the tensor itself, handed over in memory. Each stage runs exactly the same
-    operations in the same order as under ProcessExecutor, so the numerics are the same."""
+    """Runs every rank's list in this process. The lists are interleaved as messages and collectives allow (see
+    Interleaver); a message is the encoded payload, handed over in memory, and SYNC_GRADS sums the replicas' Stage
+    objects' gradients in rank order. Each stage runs the same operations in the same order as under
+    ProcessExecutor, so the numerics are the same (up to the summation order of a sync over 3+ replicas)."""
 
-    def __init__(self, stages: Sequence[Stage]):
-        self.stages = list(stages)
-        self.interleaver = Interleaver(len(self.stages))
-        self._mail: dict[tuple[str, int, int], torch.Tensor] = {}  # (kind, dst stage, mb) -> tensor
-        self._boxes = [({}, {}) for _ in self.stages]  # per stage: (inbox, outbox)
+    def __init__(self, stages: Mapping[tuple[int, int], Stage], placement: Placement, wire: Wire,
+                 sync_mean: bool = False):
+        self.stages, self.placement, self.wire, self.sync_mean = dict(stages), placement, wire, sync_mean
+        self.interleaver = Interleaver(placement)
+        self._mail: dict[Message, torch.Tensor] = {}
+        self._boxes = {worker: ({}, {}) for worker in self.stages}  # per (rank, stage): (inbox, outbox)
+        self._sync_passes: dict[tuple[int, int, int], int] = {}  # replicas past each sync so far
 
-    def run(self, schedule: Schedule, micros: Sequence[Microbatches]) -> list[Trace]:
-        traces = [Trace() for _ in self.stages]
+    def run(self, schedule: Schedule, views: Mapping[int, Microbatches]) -> list[Trace]:
+        traces = [Trace() for _ in range(self.placement.world_size)]
         clock = time.perf_counter
 
-        def execute(s: int, a: Action) -> None:
+        def execute(rank: int, a: Action) -> None:
             start = clock()
-            inbox, outbox = self._boxes[s]
+            inbox, outbox = self._boxes[(rank, a.stage)]
             version = -1
-            if a.op in (Op.RECV_ACT, Op.RECV_GRAD):
-                kind, _ = _peer(s, a.op)
-                inbox[(kind, a.mb)] = self._mail.pop((kind, s, a.mb))
-            elif a.op in (Op.SEND_ACT, Op.SEND_GRAD):
-                kind, peer = _peer(s, a.op)
-                self._mail[(kind, peer, a.mb)] = outbox.pop((kind, a.mb)).detach().clone()
+            if a.op in RECEIVES:
+                message = message_of(a)
+                kind = message[0]
+                shape = self.wire.shape(message, views[a.stage].sizes[a.key])
+                inbox[(kind, a.key)] = self.wire.codec(kind).decode(self._mail.pop(message), shape)
+            elif a.op in SENDS:
+                message = message_of(a)
+                kind = message[0]
+                payload = self.wire.codec(kind).encode(outbox.pop((kind, a.key)), stream_of(message, self.placement))
+                self._mail[message] = payload.clone()
+            elif a.op is Op.SYNC_GRADS:
+                self._sync(a)
             else:
-                version = run_action(self.stages[s], a, micros[s], inbox, outbox)
-            traces[s].add(a, start, clock(), version)
+                version = run_compute(self.stages[(rank, a.stage)], a, views[a.stage], inbox, outbox)
+            traces[rank].add(a, start, clock(), version)
 
         self.interleaver.advance(schedule, execute)
         return traces
+
+    def _sync(self, action: Action) -> None:
+        """The first replica to pass a sync sums every replica's gradients (all reached it) and gives each the
+        result; the others pass."""
+        key = (action.stage, action.iteration, action.mb)
+        passes = self._sync_passes.get(key, 0)
+        group = self.placement.ranks_of(action.stage)
+        if passes == 0:
+            replicas = [self.stages[(r, action.stage)] for r in group]
+            total = torch.stack([torch.cat([stage.flat_gradients(),
+                                            torch.tensor([float(stage.backwards_since_update)])])
+                                 for stage in replicas]).sum(dim=0)
+            for stage in replicas:
+                stage.set_gradients(synced(total, self.sync_mean))
+        self._sync_passes[key] = passes + 1
+        if passes + 1 == len(group):
+            del self._sync_passes[key]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

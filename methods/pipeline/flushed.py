@@ -11,7 +11,9 @@ from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
+from methods.pipeline.interleaver import validate
 from methods.pipeline.method import PipelineMethod, PipelineParams
+from methods.pipeline.placement import place
 from methods.pipeline.schedule import Schedule
 from methods.pipeline.versions import Live, WeightPolicy
 
@@ -21,11 +23,14 @@ class FlushedParams(PipelineParams):
 
 
 class FlushedPipeline(PipelineMethod):
-    """Every minibatch is cut into M microbatches (torch.tensor_split of its sample ids), run through the schedule,
-    and applied in one update at the end: the flush. The last stage weighs each microbatch's mean loss by its share
-    of the minibatch, so the accumulated gradient is the minibatch gradient of single-process SGD (transparency)."""
+    """Every minibatch is cut into M microbatches (consecutive slices, as torch.tensor_split cuts it), run through the
+    schedule, and applied in one update at the end: the flush. The last stage weighs each microbatch's mean loss by
+    its share of the minibatch, so the accumulated gradient is the minibatch gradient of single-process SGD
+    (transparency). A replicated stage's microbatches go round robin over its replicas, whose gradients are summed
+    before the update, so that holds with replication too."""
 
     Params: ClassVar[type[FlushedParams]] = FlushedParams
+    #: The schedule of one minibatch, one list per stage (S, M) -> Schedule; placed on the ranks by `place`.
     make_schedule: ClassVar[Callable[[int, int], Schedule]]
 
     @classmethod
@@ -34,27 +39,33 @@ class FlushedPipeline(PipelineMethod):
             return f"microbatches = {params.microbatches} exceeds batch_size = {params.batch_size}"
         return super().check_world_size(world_size, params)
 
-    def make_policy(self, stage: int, stages: int, module: nn.Module) -> WeightPolicy:
+    def make_policy(self, stage: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer
+                    ) -> WeightPolicy:
         return Live(module)
+
+    def rank_schedule(self) -> Schedule:
+        """One minibatch's actions, one list per rank."""
+        return place(type(self).make_schedule(self.num_stages, self.ctx.params.microbatches), self.placement)
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
-        self.schedule = type(self).make_schedule(self.num_stages, ctx.params.microbatches)
+        self.schedule = self.rank_schedule()
+        validate(self.schedule, self.placement)
 
     def microbatch_size(self) -> int:
         return max(1, self.ctx.params.batch_size // self.ctx.params.microbatches)
 
     def train_step(self, batch: Batch) -> StepStats:
         m = self.ctx.params.microbatches
-        splits = list(torch.tensor_split(batch.indices, m))
-        return self.run(self.schedule, self.microbatches(batch, splits, list(range(m))), batch.step)
+        sizes = [len(part) for part in torch.tensor_split(batch.indices, m)]
+        return self.run(self.schedule, self.views(batch, sizes, list(range(m))), batch.step)
 
     # A flushed pipeline holds nothing in flight between steps: its state is each stage's weights and optimizer.
     def state_dict(self) -> dict[str, Any]:
-        return {"stages": {str(s): {"module": st.module.state_dict(), "optimizer": st.optimizer.state_dict()}
-                           for s, st in self.stages.items()}}
+        return {"stages": {f"{r}.{s}": {"module": st.module.state_dict(), "optimizer": st.optimizer.state_dict()}
+                           for (r, s), st in self.workers.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for s, st in self.stages.items():
-            st.module.load_state_dict(state["stages"][str(s)]["module"])
-            st.optimizer.load_state_dict(state["stages"][str(s)]["optimizer"])
+        for (r, s), st in self.workers.items():
+            st.module.load_state_dict(state["stages"][f"{r}.{s}"]["module"])
+            st.optimizer.load_state_dict(state["stages"][f"{r}.{s}"]["optimizer"])

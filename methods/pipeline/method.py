@@ -1,42 +1,49 @@
-"""The base of pipeline methods: the split, the stages on this rank, an executor, evaluation through the pipeline."""
+"""The base of pipeline methods: the plan and placement, this rank's stages, an executor, and evaluation through
+the pipeline."""
 
 from __future__ import annotations
 
 import abc
-import json
-from dataclasses import dataclass
+from copy import deepcopy as copy_module
 from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, field_validator
 from torch import nn
 
+from harness.comm.communicator import Communicator
 from harness.data.tensors import Batch, TensorData
 from harness.method import EvalResult, Method, RunContext, StepStats, TrainParams
 from harness.run.training import make_sgd
 from harness.trace import busy_s, span_s, wait_s
-from methods.blocks import (
-    classifier_sums,
-    default_parts,
-    eval_mode,
-    evaluate_chain,
-    output_shapes,
-    uniform_split,
-)
-from methods.pipeline import partitioner, profiler
-from methods.pipeline.executor import Microbatches, ProcessExecutor, Trace, VirtualExecutor
+from harness.trace_export import write_chrome_trace
+from methods.blocks import classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes
+from methods.pipeline import planning
+from methods.pipeline.codecs import Codec, make_codec
+from methods.pipeline.executor import Microbatches, ProcessExecutor, Trace, VirtualExecutor, Wire
+from methods.pipeline.placement import Placement
 from methods.pipeline.schedule import Schedule
-from methods.pipeline.stage import Stage
+from methods.pipeline.stage import BackwardMode, Stage
 from methods.pipeline.versions import WeightPolicy
+
+#: The names of methods/pipeline/codecs.py's CODECS (a test keeps the two equal).
+CodecName = Literal["none", "fp16", "int8", "int4"]
 
 
 class PipelineParams(TrainParams):
     stages: int | None = Field(default=None, ge=1,
-                               description="pipeline stages; default: the world size (2 in the virtual mode)")
+                               description="pipeline stages; default: one per rank (2 in the virtual mode)")
     partition: Literal["uniform", "auto"] | list[int] = Field(
         default="uniform", description="'uniform' (equal block counts), 'auto' (profile, then the partitioner), or "
                                        "the first block of every stage after the first, e.g. [2] for 2 stages")
+    replicas: list[int] | Literal["auto"] | None = Field(
+        default=None, description="replicas of each stage, e.g. [2, 1]: stage 0 on two ranks (its microbatches round "
+                                  "robin over them, gradients all-reduced before each update); world size = sum. "
+                                  "'auto' (with partition 'auto', where the method plans replication): PipeDream's "
+                                  "DP chooses stages and replicas over all ranks (at most `stages` stages if set)")
     bandwidth: float = Field(default=1e9, gt=0, description="bytes/s between stages, for the 'auto' partitioner")
+    activation_codec: CodecName = Field(default="none", description="how activations cross stages (none = fp32)")
+    gradient_codec: CodecName = Field(default="none", description="how activation gradients cross stages")
     trace_steps: int = Field(default=4, ge=0, description="steps (from step 1) whose full per-action trace is logged")
 
     @field_validator("partition")
@@ -46,142 +53,183 @@ class PipelineParams(TrainParams):
             raise ValueError("stage boundaries must be increasing block indices >= 1")
         return v
 
-
-@dataclass
-class ComputeTimes:
-    """One stage's measured compute over a run: total seconds and counts of forwards and backwards."""
-
-    forward_s: float = 0.0
-    forwards: int = 0
-    backward_s: float = 0.0
-    backwards: int = 0
-
-    def as_tensor(self) -> torch.Tensor:
-        return torch.tensor([self.forward_s, self.forwards, self.backward_s, self.backwards], dtype=torch.float64)
-
-    def mean_forward_s(self) -> float:
-        return self.forward_s / max(self.forwards, 1)
-
-    def mean_backward_s(self) -> float:
-        return self.backward_s / max(self.backwards, 1)
+    @field_validator("replicas")
+    @classmethod
+    def _positive(cls, v: list[int] | str | None) -> list[int] | str | None:
+        if isinstance(v, list) and (not v or any(r < 1 for r in v)):
+            raise ValueError("replicas must list at least one stage, each with at least 1 replica")
+        return v
 
 
 class PipelineMethod(Method):
-    """Blocks split into S contiguous stages, one per rank (world size S), or all S in this process (world size 1:
-    the virtual mode, same schedule and numerics). Subclasses give the schedule and the weight-version policy."""
+    """Blocks split into S contiguous stages placed on ranks (one each, replicated, or several per rank), or every rank
+    simulated in this process (world size 1: the virtual mode, same schedule and numerics). Subclasses give the
+    schedule and the weight-version policy, and may change the optimizer, the backward mode and the codecs."""
 
     family = "pipeline"
     Params: ClassVar[type[PipelineParams]] = PipelineParams
+    backward_mode: ClassVar[BackwardMode] = "graph"
+    #: Replicas' gradients at a sync: summed (a flushed pipeline's loss scales already weigh each microbatch) or
+    #: averaged over the minibatches they ran (an asynchronous pipeline whose every minibatch has scale 1).
+    sync_mean: ClassVar[bool] = False
+    #: Whether `replicas = "auto"` may let PipeDream's DP choose stages and replicas (methods that replicate).
+    plans_replication: ClassVar[bool] = False
 
+    # -- what the suite may ask for ------------------------------------------------------------------------------------
     @classmethod
-    def num_stages_for(cls, world_size: int, params: PipelineParams) -> int:
+    def requested_stages(cls, world_size: int, params: PipelineParams) -> int | None:
+        """The stage count known before the plan (None: the partitioner chooses it at run time)."""
+        if isinstance(params.replicas, list):
+            return len(params.replicas)
+        if params.replicas == "auto":
+            return None
         return default_parts(params.stages, world_size)
 
     @classmethod
     def check_world_size(cls, world_size: int, params: PipelineParams) -> str | None:
-        stages = cls.num_stages_for(world_size, params)
-        if world_size > 1 and stages != world_size:
-            return (f"stages = {stages} but world_size = {world_size}: one stage per rank (replicated stages are "
-                    f"planned by the partitioner but not executed), or world_size 1 for the virtual mode")
-        if isinstance(params.partition, list) and len(params.partition) != stages - 1:
+        stages = cls.requested_stages(world_size, params)
+        if params.replicas == "auto":
+            if not cls.plans_replication:
+                return f"method {cls.name!r} does not plan replication: give replicas as a list, e.g. [2, 1]"
+            if params.partition != "auto" or world_size < 2:
+                return "replicas = 'auto' lets the partitioner plan over the ranks: it needs partition = 'auto' " \
+                       "and world_size >= 2"
+        elif isinstance(params.replicas, list):
+            if params.stages is not None and params.stages != len(params.replicas):
+                return f"stages = {params.stages} but replicas lists {len(params.replicas)} stages"
+            if world_size not in (1, sum(params.replicas)):
+                return (f"replicas {params.replicas} need {sum(params.replicas)} ranks (or world_size 1 for the "
+                        f"virtual mode), got world_size {world_size}")
+        elif world_size > 1 and stages != world_size:
+            return (f"stages = {stages} but world_size = {world_size}: one stage per rank, replicas = [...] "
+                    f"summing to the world size, or world_size 1 for the virtual mode")
+        if isinstance(params.partition, list) and stages is not None and len(params.partition) != stages - 1:
             return f"partition lists {len(params.partition)} boundaries; {stages} stages need {stages - 1}"
         return super().check_world_size(world_size, params)
 
+    # -- hooks -----------------------------------------------------------------------------------------------------
     @abc.abstractmethod
-    def make_policy(self, stage: int, stages: int, module: nn.Module) -> WeightPolicy:
-        """The weight-version policy of stage `stage` of `stages`, over its module."""
+    def make_policy(self, stage: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer
+                    ) -> WeightPolicy:
+        """The weight-version policy of stage `stage` of `stages`, over its module (and its optimizer's state)."""
+
+    def make_optimizer(self, stage: int, module: nn.Module) -> torch.optim.Optimizer:
+        """The optimizer of one stage (default: SGD with the run's lr, momentum, weight decay, Nesterov)."""
+        return make_sgd(module.parameters(), self.ctx.params)
+
+    def make_codec(self, kind: str) -> Codec:
+        """The codec of activations ('act') or activation gradients ('grad') on the wire."""
+        return make_codec(self.ctx.params.activation_codec if kind == "act" else self.ctx.params.gradient_codec)
+
+    def make_placement(self, stages: int, replicas: list[int]) -> Placement:
+        """Where stages run: replicated (or one per rank) by default; interleaved schedules override it."""
+        return Placement.replicated(replicas)
 
     def microbatch_size(self) -> int:
         """Samples per microbatch, for the profiler."""
         return self.ctx.params.batch_size
 
+    # -- set-up ----------------------------------------------------------------------------------------------------
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
-        self.num_stages = self.num_stages_for(ctx.world_size, ctx.params)
+        params = ctx.params
         blocks = list(ctx.workload.make_model().to(ctx.device))
-        if len(blocks) < self.num_stages:
-            raise ValueError(f"the workload's model has {len(blocks)} blocks: too few for {self.num_stages} stages")
+        stages = self.requested_stages(ctx.world_size, params)
+        if stages is not None and len(blocks) < stages:
+            raise ValueError(f"the workload's model has {len(blocks)} blocks: too few for {stages} stages")
         example = ctx.workload.train.inputs(torch.arange(min(len(ctx.workload.train), self.microbatch_size())))
-        self.ranges, self.plan = self._split(blocks, example.to(ctx.device))
+        auto = params.replicas == "auto"
+        replicas = params.replicas if isinstance(params.replicas, list) else None
+        self.plan = planning.make_plan(blocks, example.to(ctx.device), params.partition,
+                                       params.stages if auto else stages, replicas or (None if auto else [1] * stages),
+                                       ctx.world_size, params.bandwidth, ctx.comm, auto_replicas=auto)
+        self.ranges, self.num_stages = self.plan.ranges, len(self.plan.ranges)
+        self.placement = self.make_placement(self.num_stages, self.plan.replicas)
+        if not self.virtual and self.placement.world_size != ctx.world_size:
+            raise ValueError(f"the plan needs {self.placement.world_size} ranks, the run has {ctx.world_size}")
         block_shapes = output_shapes(blocks, example[:1].to(ctx.device))
-        # per-sample shape of the tensor entering each stage
         self.shapes = [tuple(example.shape[1:])] + [block_shapes[a - 1] for a, _ in self.ranges[1:]]
-        mine = range(self.num_stages) if self.virtual else [ctx.rank]
-        self.stages = {s: self._stage(s, blocks) for s in mine}
+        ranks = range(self.placement.world_size) if self.virtual else [ctx.rank]
+        # (rank, stage) -> Stage: every replica is its own copy of the stage's blocks, from the same initial weights
+        self.workers = {(r, s): self._stage(s, blocks, copy=self.virtual and r != self.placement.ranks_of(s)[0])
+                        for r in ranks for s in self.placement.stages_of(r)}
+        wire = Wire(self.shapes, self.make_codec("act"), self.make_codec("grad"))
         if self.virtual:
-            self.executor: Any = VirtualExecutor([self.stages[s] for s in range(self.num_stages)])
+            self.executor: Any = VirtualExecutor(self.workers, self.placement, wire, self.sync_mean)
         else:
-            self.executor = ProcessExecutor(self.stages[ctx.rank], ctx.comm, list(range(self.num_stages)),
-                                            self.shapes)
-        self.compute = {s: ComputeTimes() for s in range(self.num_stages)}
+            replica_comms = self._replica_comms(ctx.comm)
+            mine = {s: stage for (_, s), stage in self.workers.items()}
+            self.executor = ProcessExecutor(ctx.rank, mine, ctx.comm, self.placement, wire, replica_comms,
+                                            self.sync_mean)
+        self.times = {s: planning.StageTimes() for s in range(self.num_stages)}
         if ctx.rank == 0:
             self._write_partition(measured=None)
             if ctx.log is not None:
-                ctx.log("partition", ranges=self.ranges, mode=self.plan["mode"],
-                        predicted_s=[st["predicted_s"] for st in self.plan["predicted"]["stages"]])
+                ctx.log("partition", ranges=self.ranges, replicas=self.plan.replicas, mode=self.plan.record["mode"],
+                        predicted_s=[st["predicted_s"] for st in self.plan.record["predicted"]["stages"]])
 
     @property
     def virtual(self) -> bool:
         return self.ctx.world_size == 1
 
-    def _split(self, blocks: list[nn.Module], example: torch.Tensor) -> tuple[list[tuple[int, int]], dict]:
-        """The stage ranges, and the plan: rank 0 profiles every block on a microbatch (before the train clock
-        starts) so that every split, chosen or solved, comes with PipeDream's predicted stage times. With 'auto'
-        rank 0 solves the partitioning DP and broadcasts the boundaries, so all ranks agree on the split."""
-        params, n = self.ctx.params, len(blocks)
-        bounds = torch.zeros(self.num_stages + 1, dtype=torch.int64)
-        plan: dict = {"mode": params.partition if isinstance(params.partition, str) else "manual",
-                      "bandwidth": params.bandwidth}
-        if self.ctx.rank == 0:
-            profiles = profiler.profile_blocks(blocks, example)
-            if isinstance(params.partition, list):
-                if params.partition[-1] >= n:
-                    raise ValueError(f"partition {params.partition}: the model has only {n} blocks")
-                ranges = list(zip([0, *params.partition], [*params.partition, n], strict=True))
-            elif params.partition == "uniform":
-                ranges = uniform_split(n, self.num_stages)
-            else:
-                ranges = partitioner.straight_partition(profiles, self.num_stages, params.bandwidth).ranges
-                best = partitioner.pipedream_partition(profiles, max(self.ctx.world_size, self.num_stages),
-                                                       params.bandwidth)
-                plan["best_with_replication"] = best.to_dict()
-            plan["predicted"] = partitioner.predict(profiles, ranges, params.bandwidth).to_dict()
-            plan["profiles"] = profiler.profiles_to_dicts(profiles)
-            bounds = torch.tensor([a for a, _ in ranges] + [n], dtype=torch.int64)
-        if self.ctx.world_size > 1:
-            self.ctx.comm.broadcast(bounds, 0, "control")
-        b = bounds.tolist()
-        return [(b[i], b[i + 1]) for i in range(self.num_stages)], plan
+    @property
+    def stages(self) -> dict[int, Stage]:
+        """This rank's stages by index (in the virtual mode: every stage's first replica)."""
+        out: dict[int, Stage] = {}
+        for (_, s), stage in sorted(self.workers.items()):
+            out.setdefault(s, stage)
+        return out
 
-    def _stage(self, s: int, blocks: list[nn.Module]) -> Stage:
+    def _stage(self, s: int, blocks: list[nn.Module], copy: bool) -> Stage:
         a, b = self.ranges[s]
         module = nn.Sequential(*blocks[a:b])
-        return Stage(s, self.num_stages, module, make_sgd(module.parameters(), self.ctx.params),
-                     self.make_policy(s, self.num_stages, module), self.ctx.workload.loss)
+        if copy:  # another replica in the virtual mode: its own copy of the same weights
+            module = copy_module(module)
+        optimizer = self.make_optimizer(s, module)
+        return Stage(s, self.num_stages, module, optimizer, self.make_policy(s, self.num_stages, module, optimizer),
+                     self.ctx.workload.loss, self.backward_mode)
 
-    # -- running a schedule -----------------------------------------------------------------------------------------
-    def run(self, schedule: Schedule, batches: dict[int, Microbatches], step: int) -> StepStats:
-        """Run `schedule` (all stages' lists) for this rank or, in the virtual mode, for every stage."""
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizer of every stage replica on this rank (every replica of every stage in the virtual mode)."""
+        return [stage.optimizer for _, stage in sorted(self.workers.items())]
+
+    def _replica_comms(self, comm: Communicator) -> dict[int, Communicator]:
+        """A communicator per replicated stage, over its replicas (collective: every rank creates every group)."""
+        comms = {}
+        for s in range(self.num_stages):
+            group = list(self.placement.ranks_of(s))
+            if len(group) > 1:
+                sub = comm.subgroup(group)
+                if sub is not None:
+                    comms[s] = sub
+        return comms
+
+    # -- running a schedule ----------------------------------------------------------------------------------------
+    def run(self, schedule: Schedule, views: dict[int, Microbatches], step: int) -> StepStats:
+        """Run `schedule` (one list per rank) for this rank or, in the virtual mode, for every rank."""
         if self.virtual:
-            traces = self.executor.run(schedule, [batches[s] for s in range(self.num_stages)])
+            traces = self.executor.run(schedule, views)
         else:
-            traces = [self.executor.run(schedule[self.ctx.rank], batches[self.ctx.rank])]
-        mine = range(self.num_stages) if self.virtual else [self.ctx.rank]
-        for s, trace in zip(mine, traces, strict=True):
-            times = self.compute[s]
-            for event in trace.events:
-                if event.op == "forward":
-                    times.forward_s += event.duration
-                    times.forwards += 1
-                elif event.op == "backward":
-                    times.backward_s += event.duration
-                    times.backwards += 1
+            traces = [self.executor.run(schedule[self.ctx.rank], views)]
+        ranks = range(self.placement.world_size) if self.virtual else [self.ctx.rank]
+        for trace in traces:
+            self._add_times(trace)
         if self.ctx.log is not None and 1 <= step <= self.ctx.params.trace_steps:
-            for s, trace in zip(mine, traces, strict=True):
-                self.ctx.log("trace", step=step, stage=s, events=trace.events)
-        last = self.stages.get(self.num_stages - 1)
-        loss = last.take_loss() if last is not None else None
-        return StepStats(loss=loss, extra=self._step_extra(traces))
+            for rank, trace in zip(ranks, traces, strict=True):
+                self.ctx.log("trace", step=step, worker=rank, events=trace.events)
+        last = [st for (_, s), st in self.workers.items() if s == self.num_stages - 1]
+        loss = sum(st.take_loss() for st in last) if last else None
+        return StepStats(loss=loss, extra={**self._step_extra(traces), **self._memory()})
+
+    def _add_times(self, trace: Trace) -> None:
+        for event in trace.events:
+            times = self.times[event.stage]
+            if event.op == "forward":
+                times.forward_s += event.duration
+                times.forwards += 1
+            elif event.op == "backward":
+                times.backward_s += event.duration
+                times.backwards += 1
 
     def _step_extra(self, traces: list[Trace]) -> dict[str, Any]:
         if self.virtual:
@@ -189,32 +237,50 @@ class PipelineMethod(Method):
         events = traces[0].events
         return {"busy_s": busy_s(events), "wait_s": wait_s(events), "span_s": span_s(events)}
 
-    def microbatches(self, batch: Batch, splits: list[torch.Tensor], ids: list[int]) -> dict[int, Microbatches]:
-        """Each stage's view of the microbatches `splits` (sample ids), numbered `ids`."""
+    def _memory(self) -> dict[str, list[int]]:
+        """Per stage held here (the max over its replicas in the virtual mode): the peak activation bytes,
+        microbatches and weight-version bytes of this step."""
+        peaks: dict[int, list[int]] = {}
+        for (_, s), stage in self.workers.items():
+            peak = stage.take_peak()
+            row = peaks.setdefault(s, [0, 0, 0])
+            row[:] = [max(row[0], peak.activation_bytes), max(row[1], peak.microbatches),
+                      max(row[2], peak.weight_bytes)]
+        order = sorted(peaks)
+        return {"stages": order, "peak_activation_bytes": [peaks[s][0] for s in order],
+                "peak_microbatches": [peaks[s][1] for s in order], "peak_weight_bytes": [peaks[s][2] for s in order]}
+
+    def views(self, batch: Batch, sizes: list[int], ids: list[int], iteration: int = 0) -> dict[int, Microbatches]:
+        """Each local stage's view of a step's microbatches: consecutive slices of the batch of `sizes` samples,
+        numbered `ids` in `iteration`. The first stage gets the inputs and the last the labels and loss scales (each
+        microbatch's share of the batch), of the microbatches this rank owns (all of them in the virtual mode)."""
+        mine = range(self.num_stages) if self.virtual else self.placement.stages_of(self.ctx.rank)
+        keys = [(iteration, i) for i in ids]
+        starts = [sum(sizes[:k]) for k in range(len(sizes))]
         out = {}
-        total = len(batch)
-        for s in self.stages:
-            view = Microbatches(sizes={i: len(idx) for i, idx in zip(ids, splits, strict=True)})
-            if s == 0:
+        for s in mine:
+            view = Microbatches(sizes=dict(zip(keys, sizes, strict=True)))
+            owned = [k for k, key in enumerate(keys)
+                     if self.virtual or self.placement.owner(s, key[1]) == self.ctx.rank]
+            if s == 0 and owned:
                 x = batch.inputs().to(self.ctx.device)
-                for i, part in zip(ids, torch.split(x, [len(idx) for idx in splits]), strict=True):
-                    view.inputs[i] = part
-            if s == self.num_stages - 1:
+                view.inputs = {keys[k]: x[starts[k]:starts[k] + sizes[k]] for k in owned}
+            if s == self.num_stages - 1 and owned:
                 y = batch.targets().to(self.ctx.device)
-                for i, part in zip(ids, torch.split(y, [len(idx) for idx in splits]), strict=True):
-                    view.targets[i] = part
-                    view.scales[i] = len(part) / total
+                view.targets = {keys[k]: y[starts[k]:starts[k] + sizes[k]] for k in owned}
+                view.scales = {keys[k]: sizes[k] / len(batch) for k in owned}
             out[s] = view
         return out
 
-    # -- evaluation through the pipeline ----------------------------------------------------------------------------
+    # -- evaluation through the pipeline ---------------------------------------------------------------------------
     def evaluate(self, test: TensorData) -> EvalResult:
-        """A forward-only pass of the test set through the stages with the live weights; the last stage counts (the
-        totals are all-reduced, category `eval`), so every rank returns the global numbers."""
+        """A forward-only pass of the test set through each stage's first replica with the live weights; the last
+        stage counts (the totals are all-reduced, category `eval`), so every rank returns the global numbers."""
         last = self.num_stages - 1
         loss_fn = self.ctx.workload.loss
-        rank_of = [0] * self.num_stages if self.virtual else list(range(self.num_stages))
-        modules = {s: st.module for s, st in self.stages.items()}
+        first_replicas = [self.placement.ranks_of(s)[0] for s in range(self.num_stages)]
+        rank_of = [0] * self.num_stages if self.virtual else first_replicas
+        modules = {s: st.module for (r, s), st in self.workers.items() if r == first_replicas[s]}
         with eval_mode(list(modules.values())):
             totals = evaluate_chain(modules, rank_of, self.shapes, test, self.ctx.comm,
                                     self.ctx.params.eval_batch_size, self.ctx.device,
@@ -222,34 +288,28 @@ class PipelineMethod(Method):
         n = len(test)
         return EvalResult(accuracy=float(totals[last, 0]) / n, loss=float(totals[last, 1]) / n)
 
-    # -- partition record and end of run ----------------------------------------------------------------------------
-    def _measured(self) -> list[ComputeTimes]:
+    # -- partition record and end of run -----------------------------------------------------------------------------
+    def _measured(self) -> list[planning.StageTimes]:
         """Per stage, the measured compute over the run (summed over ranks: each rank measured its own stages)."""
-        table = torch.stack([self.compute[s].as_tensor() for s in range(self.num_stages)])
+        table = torch.stack([self.times[s].as_tensor() for s in range(self.num_stages)])
         if not self.virtual:
             self.ctx.comm.all_reduce(table, "control")
-        return [ComputeTimes(float(row[0]), int(row[1]), float(row[2]), int(row[3])) for row in table]
+        return [planning.StageTimes.from_tensor(row) for row in table]
 
-    def _write_partition(self, measured: list[ComputeTimes] | None) -> None:
-        """partition.json: the split, each stage's predicted time (from the profiles) next to its measured one (the
-        mean forward and backward of one microbatch over the run), the profiles, and for 'auto' the DP's best plan
-        with replication over the same workers."""
-        predicted = self.plan.get("predicted", {}).get("stages") or [{} for _ in range(self.num_stages)]
-        stages = []
-        for s, ((a, b), pred) in enumerate(zip(self.ranges, predicted, strict=True)):
-            row = {"stage": s, "blocks": [a, b], "predicted_compute_s": pred.get("compute_s"),
-                   "predicted_s": pred.get("predicted_s")}
-            if measured is not None:
-                forward, backward = measured[s].mean_forward_s(), measured[s].mean_backward_s()
-                row.update(measured_forward_s=forward, measured_backward_s=backward,
-                           measured_compute_s=forward + backward)
-            stages.append(row)
-        record = {"method": self.name, "stages": stages, "input_shapes": self.shapes, **self.plan}
-        (self.ctx.run_dir / "partition.json").write_text(json.dumps(record, indent=1))
+    def _write_partition(self, measured: list[planning.StageTimes] | None) -> None:
+        planning.write_partition(self.ctx.run_dir / "partition.json", self.name, self.plan,
+                                 [list(g) for g in self.placement.stage_ranks], self.shapes, measured)
 
     def finish(self) -> None:
+        """Complete the sends, then rank 0 writes partition.json with the measured stage times and trace.json, the
+        traced steps in the Chrome trace format (every rank's trace records are in metrics.jsonl by then: the
+        all-reduce of the measured times comes after each rank's last step)."""
         if not self.virtual:
             self.executor.flush()
         measured = self._measured()
         if self.ctx.rank == 0:
             self._write_partition(measured)
+            metrics = self.ctx.run_dir / "metrics.jsonl"
+            if metrics.exists():
+                write_chrome_trace(metrics, self.ctx.run_dir / "trace.json")
+

@@ -1,25 +1,27 @@
-"""PipeDream (Narayanan et al., SOSP 2019): asynchronous 1F1B with weight stashing and a profiler-driven partition."""
+"""PipeDream (Narayanan et al., SOSP 2019): asynchronous 1F1B with weight stashing, a profiled partition and
+replicated stages."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import ClassVar, Literal
 
+import torch
 from pydantic import Field
 from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
-from methods.pipeline.executor import Microbatches
 from methods.pipeline.method import PipelineMethod, PipelineParams
-from methods.pipeline.schedule import Action, Schedule, pipedream_delay, pipedream_drain, pipedream_tick
+from methods.pipeline.placement import place
+from methods.pipeline.schedule import Schedule, pipedream_delay, pipedream_drain, pipedream_tick
 from methods.pipeline.versions import Stashed, WeightPolicy
 
 
 class PipeDreamParams(PipelineParams):
     partition: Literal["uniform", "auto"] | list[int] = Field(
-        default="auto", description="'auto' (profile each block, then PipeDream's partitioner), 'uniform', or the "
-                                    "first block of every stage after the first")
+        default="auto", description="'auto' (profile each block, then PipeDream's partitioner; with replicas = "
+                                    "'auto' it also chooses the stage count and replicas over all ranks), "
+                                    "'uniform', or the first block of every stage after the first")
     vertical_sync: bool = Field(default=False, description="every stage uses the version stage 0 used (t - (S-1))")
 
 
@@ -35,36 +37,50 @@ class PipeDream(PipelineMethod):
     versions. With vertical sync the forward of t uses version max(0, t-(S-1)) at every stage. After the last tick,
     the minibatches in flight are completed (the drain), so every minibatch of the budget is applied.
 
-    The split: 'auto' profiles every block on rank 0 (forward and backward time, activation and parameter bytes) and
-    solves PipeDream's partitioning DP for S stages without replication (the executor runs one rank per stage); the
-    DP's best plan with replication over the same workers is written next to it in partition.json, with the measured
-    stage times at the end of the run.
+    Replicated stages (1F1B-RR, section 3.2): minibatch t runs on replica t mod r of a stage with r replicas; the r
+    replicas update together once per round of r minibatches, with the mean of their gradients (an all-reduce,
+    `gradient_sync`), so they always hold the same weights. Such a stage updates every r minibatches instead of every
+    one. The split: 'auto' profiles every block on rank 0 (forward and backward time, activation and parameter
+    bytes) and solves PipeDream's partitioning DP for one stage per rank or, with `replicas = "auto"`, over all ranks
+    with replication (PipeDream's own hybrid plans); `replicas = [2, 1]` sets them by hand.
     """
 
     name = "pipedream"
     summary = "PipeDream: asynchronous 1F1B pipeline with weight stashing, profiled partition (Narayanan et al. 2019)"
     Params: ClassVar[type[PipeDreamParams]] = PipeDreamParams
+    backward_mode = "stashed"
+    sync_mean = True
+    plans_replication = True
+
+    @classmethod
+    def check_world_size(cls, world_size: int, params: PipeDreamParams) -> str | None:
+        if params.vertical_sync and (params.replicas == "auto" or isinstance(params.replicas, list)
+                                     and any(r > 1 for r in params.replicas)):
+            return "vertical_sync assumes one update per minibatch at every stage: give stages without replicas"
+        return super().check_world_size(world_size, params)
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         self.ticks = 0  # minibatches started (ticks run); the drain completes the ones still in flight
 
-    def make_policy(self, stage: int, stages: int, module: nn.Module) -> WeightPolicy:
+    def make_policy(self, stage: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer
+                    ) -> WeightPolicy:
         return Stashed(module, pipedream_delay(stage, stages), stage, stages, self.ctx.params.vertical_sync)
 
-    def _tick_schedule(self, actions_for: Callable[[int], list[Action]]) -> Schedule:
-        return [actions_for(s) if s in self.stages else [] for s in range(self.num_stages)]
+    def _placed(self, per_stage) -> Schedule:
+        return place([per_stage(s, self.placement.replicas(s)) for s in range(self.num_stages)], self.placement)
 
     def train_step(self, batch: Batch) -> StepStats:
         t = batch.step
         self.ticks = t + 1
-        views = self.microbatches(batch, [batch.indices], [t])
+        views = self.views(batch, [len(batch)], [t])
         for view in views.values():  # the gradients arriving now belong to earlier minibatches of the same size
-            view.sizes.update({m: len(batch) for m in range(max(0, t - self.num_stages), t)})
-        return self.run(self._tick_schedule(lambda s: pipedream_tick(s, self.num_stages, t)), views, t)
+            view.sizes.update({(0, m): len(batch) for m in range(max(0, t - self.num_stages), t)})
+        return self.run(self._placed(lambda s, r: pipedream_tick(s, self.num_stages, t, r)), views, t)
 
     def end_training(self) -> None:
         ticks, size = self.ticks, self.ctx.params.batch_size
-        views = {s: Microbatches(sizes={m: size for m in range(max(0, ticks - self.num_stages), ticks)})
-                 for s in self.stages}
-        self.run(self._tick_schedule(lambda s: pipedream_drain(s, self.num_stages, ticks)), views, -1)
+        views = self.views(Batch(ticks, 0.0, torch.zeros(0, dtype=torch.long), self.ctx.workload.train), [], [])
+        for view in views.values():
+            view.sizes.update({(0, m): size for m in range(max(0, ticks - self.num_stages), ticks)})
+        self.run(self._placed(lambda s, r: pipedream_drain(s, self.num_stages, ticks, r)), views, -1)

@@ -1,9 +1,11 @@
-"""One pipeline stage's numerics: forward and backward of a microbatch under a weight-version policy, and the update."""
+"""One pipeline stage's numerics: forward and backward of a microbatch under a weight-version policy and a backward
+mode, the update, the replicas' gradient sync, and the memory it holds."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -11,17 +13,57 @@ from torch.func import functional_call
 
 from methods.pipeline.versions import WeightPolicy
 
+#: graph: differentiate the graph the forward built, with the weights the forward used (live, stashed or predicted).
+#: stashed: the same, and the forward must have used a stashed version (PipeDream's weight stashing).
+#: current: the forward keeps only its input; the backward recomputes the stage with the weights current at backward
+#:     time and differentiates that (Pipelined Backpropagation's weight inconsistency, no stash held).
+BackwardMode = Literal["graph", "stashed", "current"]
+Key = tuple[int, int]  # (iteration, microbatch)
+
 
 @dataclass
 class _Saved:
     inputs: torch.Tensor
-    output: torch.Tensor  # the stage output, or the scaled loss on the last stage
+    output: torch.Tensor | None  # the stage output, or the scaled loss on the last stage (None in `current` mode)
     version: int
     weights: dict[str, torch.Tensor] | None
+    activation_bytes: int
+    targets: torch.Tensor | None = None
+    scale: float = 1.0
+
+
+class _SavedBytes:
+    """saved_tensors_hooks that add up the storage bytes autograd keeps for a backward, parameters excluded."""
+
+    def __init__(self, exclude: set[int]):
+        self.exclude, self.seen, self.total = exclude, set(), 0
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        pointer = storage.data_ptr()
+        if pointer not in self.exclude and pointer not in self.seen:
+            self.seen.add(pointer)
+            self.total += storage.nbytes()
+        return tensor
+
+    @staticmethod
+    def unpack(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+
+@dataclass
+class Memory:
+    """What a stage held at its peak since the last reset: activation bytes kept for backwards (autograd's saved
+    tensors, or the stored inputs in `current` mode), microbatches in flight, and weight bytes of versions held
+    besides the live weights (stashes, predictions)."""
+
+    activation_bytes: int = 0
+    microbatches: int = 0
+    weight_bytes: int = 0
 
 
 class Stage:
-    """Blocks [start, end) of the model, with their optimizer and weight-version policy.
+    """Blocks [start, end) of the model, with their optimizer, weight-version policy and backward mode.
 
     The last stage turns outputs into the loss: loss_fn(output, y) * scale, where `scale` is the microbatch's share
     of the minibatch (its size over the minibatch size), so the gradients summed over the microbatches are those of
@@ -29,37 +71,74 @@ class Stage:
     """
 
     def __init__(self, index: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer,
-                 policy: WeightPolicy, loss_fn: Callable[..., torch.Tensor]):
+                 policy: WeightPolicy, loss_fn: Callable[..., torch.Tensor], backward_mode: BackwardMode = "graph"):
         self.index, self.stages, self.module = index, stages, module
         self.optimizer, self.policy, self.loss_fn = optimizer, policy, loss_fn
+        self.backward_mode = backward_mode
         self.first, self.last = index == 0, index == stages - 1
         self._params = dict(module.named_parameters())
-        self._saved: dict[int, _Saved] = {}
-        self.loss_sum = 0.0  # the minibatch loss accumulated by the last stage since the last `take_loss`
+        self.param_bytes = sum(p.numel() * p.element_size() for p in self._params.values())
+        self._saved: dict[Key, _Saved] = {}
+        self.loss_sum = 0.0  # the loss accumulated by the last stage since the last `take_loss`
+        self.backwards_since_update = 0
+        self.peak = Memory()
 
-    def forward(self, mb: int, x: torch.Tensor, y: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
-        """Run the forward of microbatch `mb`; returns the output to send on (the loss on the last stage)."""
-        if not self.first:
-            x = x.detach().requires_grad_(True)
-        version, weights = self.policy.forward(mb)
-        out = self.module(x) if weights is None else functional_call(self.module, weights, (x,))
+    # -- forward and backward -------------------------------------------------------------------------------------
+    def forward(self, key: Key, x: torch.Tensor, y: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
+        """Run the forward of microbatch `key` = (iteration, mb); returns the output to send on (the loss on the last
+        stage). The policy chooses the weights by mb."""
+        version, weights = self.policy.forward(key[1])
+        if self.backward_mode == "stashed" and weights is None and self.policy.needs_stash():
+            raise RuntimeError(f"stage {self.index}: backward mode 'stashed' but the policy gave the live weights")
+        if self.backward_mode == "current":
+            with torch.no_grad():
+                out = self._run(x, weights, y, scale)
+            self._saved[key] = _Saved(x, None, version, None, x.numel() * x.element_size(), y, scale)
+        else:
+            if not self.first:
+                x = x.detach().requires_grad_(True)
+            exclude = {p.untyped_storage().data_ptr() for p in self._params.values()}
+            if weights is not None:
+                exclude |= {w.untyped_storage().data_ptr() for w in weights.values()}
+            counter = _SavedBytes(exclude)
+            with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+                out = self._run(x, weights, y, scale)
+            self._saved[key] = _Saved(x, out, version, weights, counter.total)
         if self.last:
-            out = self.loss_fn(out, y) * scale
             self.loss_sum += out.item()
-        self._saved[mb] = _Saved(x, out, version, weights)
+        self._note_memory()
         return out
 
-    def backward(self, mb: int, grad_output: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Run the backward of microbatch `mb` (with the weights its forward used); the parameter gradient is added to
-        the live parameters' .grad. Returns the gradient w.r.t. the stage input (None on the first stage)."""
-        saved = self._saved.pop(mb)
-        if saved.weights is None:  # the live weights: autograd accumulates into their .grad, as loss.backward() does
+    def _run(self, x: torch.Tensor, weights: dict[str, torch.Tensor] | None, y: torch.Tensor | None,
+             scale: float) -> torch.Tensor:
+        out = self.module(x) if weights is None else functional_call(self.module, weights, (x,))
+        return self.loss_fn(out, y) * scale if self.last else out
+
+    def backward(self, key: Key, grad_output: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Run the backward of microbatch `key`; the parameter gradient is added to the live parameters' .grad.
+        Returns the gradient w.r.t. the stage input (None on the first stage)."""
+        saved = self._saved.pop(key)
+        x = saved.inputs
+        buffers = None
+        if self.backward_mode == "current":  # recompute with the live weights; buffers (BN statistics) restored below
+            buffers = {name: b.clone() for name, b in self.module.named_buffers()}
+            if not self.first:
+                x = x.detach().requires_grad_(True)
+            with torch.enable_grad():
+                output = self._run(x, None, saved.targets, saved.scale)
+            weights = None
+        else:
+            output, weights = saved.output, saved.weights
+        if weights is None:  # the live weights: autograd accumulates into their .grad, as loss.backward() does
             wrt = list(self._params.values())
-        else:  # a stash: its leaves collect the gradient, which then moves to the live parameters
-            wrt = [saved.weights[name] for name in self._params]
-        inputs = wrt if self.first else [*wrt, saved.inputs]
-        torch.autograd.backward(saved.output, grad_output, inputs=inputs)
-        if saved.weights is not None:
+        else:  # a stash or a prediction: its leaves collect the gradient, which then moves to the live parameters
+            wrt = [weights[name] for name in self._params]
+        torch.autograd.backward(output, grad_output, inputs=wrt if self.first else [*wrt, x])
+        if buffers is not None:  # the recompute counted the microbatch in the running statistics again: undo it
+            with torch.no_grad():
+                for name, b in self.module.named_buffers():
+                    b.copy_(buffers[name])
+        if weights is not None:
             for p, w in zip(self._params.values(), wrt, strict=True):
                 if w.grad is None:
                     continue
@@ -68,21 +147,67 @@ class Stage:
                 else:
                     p.grad.add_(w.grad)
                 w.grad = None  # a stash can serve several minibatches (stashed once per version)
-        self.policy.backward_done(mb)
-        return None if self.first else saved.inputs.grad
+        self.policy.backward_done(key[1])
+        self.backwards_since_update += 1
+        return None if self.first else x.grad
 
-    def version_of(self, mb: int) -> int:
-        return self._saved[mb].version
+    def version_of(self, key: Key) -> int:
+        """The weight version the forward of `key` used."""
+        return self._saved[key].version
+
+    def backward_version_of(self, key: Key) -> int:
+        """The weight version the backward of `key` will differentiate: the forward's, or in `current` mode the live
+        one (the updates since the forward are its delay)."""
+        return self.policy.version if self.backward_mode == "current" else self._saved[key].version
+
+    # -- update and the replicas' gradient sync ----------------------------------------------------------------------
+    def flat_gradients(self) -> torch.Tensor:
+        """Every parameter's gradient (zeros where none) in one flat fp32 tensor, in parameter order."""
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in self._params.values()])
+
+    def set_gradients(self, flat: torch.Tensor) -> None:
+        """The inverse of flat_gradients: write `flat` into the parameters' .grad."""
+        offset = 0
+        for p in self._params.values():
+            n = p.numel()
+            if p.grad is None:
+                p.grad = flat[offset:offset + n].view_as(p).clone()
+            else:
+                p.grad.copy_(flat[offset:offset + n].view_as(p))
+            offset += n
 
     def update(self) -> None:
         """The optimizer step on the accumulated gradients, then clear them: the next weight version."""
+        self.policy.before_update()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.policy.updated()
+        self.backwards_since_update = 0
+        self._note_memory()
 
+    # -- loss and memory --------------------------------------------------------------------------------------------
     def take_loss(self) -> float:
         loss, self.loss_sum = self.loss_sum, 0.0
         return loss
 
     def in_flight(self) -> int:
         return len(self._saved)
+
+    def held(self) -> Memory:
+        """What the stage holds now for backwards still to come."""
+        weights = {id(s.weights) for s in self._saved.values() if s.weights is not None}
+        versions = max(len(weights), self.policy.held())
+        return Memory(sum(s.activation_bytes for s in self._saved.values()), len(self._saved),
+                      versions * self.param_bytes)
+
+    def _note_memory(self) -> None:
+        now = self.held()
+        self.peak = Memory(max(self.peak.activation_bytes, now.activation_bytes),
+                           max(self.peak.microbatches, now.microbatches),
+                           max(self.peak.weight_bytes, now.weight_bytes))
+
+    def take_peak(self) -> Memory:
+        """The peak since the last call (the current holding starts the next period)."""
+        peak, self.peak = self.peak, self.held()
+        return peak

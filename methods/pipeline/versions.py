@@ -30,6 +30,9 @@ class WeightPolicy(abc.ABC):
     def backward_done(self, mb: int) -> None:  # noqa: B027 - a hook: policies without stashes have nothing to do
         """The backward of `mb` has run: its weights may be released."""
 
+    def before_update(self) -> None:  # noqa: B027 - a hook: most policies need nothing before an update
+        """The optimizer is about to step the live weights (a policy may keep what it needs of them)."""
+
     def updated(self) -> None:
         """The optimizer has stepped the live weights."""
         self.version += 1
@@ -37,6 +40,10 @@ class WeightPolicy(abc.ABC):
     def held(self) -> int:
         """Weight versions kept in memory besides the live one."""
         return 0
+
+    def needs_stash(self) -> bool:
+        """Whether forwards must run on a kept version (an update can come between a forward and its backward)."""
+        return False
 
 
 class Live(WeightPolicy):
@@ -119,3 +126,6 @@ class Stashed(WeightPolicy):
 
     def held(self) -> int:
         return len(self._versions)
+
+    def needs_stash(self) -> bool:
+        return self.vertical_sync or self.delay > 0

@@ -42,6 +42,9 @@ class WholeModelMethod(Method):
         self.optimizer.step()
         return StepStats(loss=loss.item())
 
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.optimizer]
+
     def evaluate(self, test: TensorData) -> EvalResult:
         return evaluate_classifier(self.network, test, self.ctx.workload.loss, self.ctx.comm,
                                    self.ctx.params.eval_batch_size, self.ctx.device)

@@ -1,0 +1,101 @@
+"""Rank functions for the pipeline peer benchmarks: our executors against torch.distributed.pipelining's schedules
+(GPipe, 1F1B, interleaved 1F1B) on the same split, in the same processes, in alternating blocks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dtbench_bench_ranks import interleaved
+
+VARIANTS = ("ours_gpipe", "torch_gpipe", "ours_1f1b", "torch_1f1b", "ours_interleaved", "torch_interleaved")
+
+
+def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, width: int = 2048, layers: int = 8,
+                           batch: int = 256, microbatches: int = 8, chunks: int = 2) -> dict[str, Any]:
+    """Step times (s/step per block) of our gpipe, 1f1b and interleaved-1f1b executors and of torch's ScheduleGPipe,
+    Schedule1F1B and ScheduleInterleaved1F1B: `layers` Linear(width, width), one stage per rank (layers / world_size
+    each) or `chunks` stages per rank (layers / (world_size · chunks) each), the same microbatches, loss and SGD
+    update. Also the per-step trace events of our gpipe and interleaved steps on this rank, for the bubbles."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    from harness.comm.communicator import Communicator
+    from methods.pipeline import schedule as schedules
+    from methods.pipeline.executor import Microbatches, ProcessExecutor, Wire
+    from methods.pipeline.placement import Placement, place
+    from methods.pipeline.stage import Stage
+    from methods.pipeline.versions import Live
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, width, generator=g)
+    y = torch.randint(0, width, (batch,), generator=g)
+    mb = batch // microbatches
+    comm = Communicator(rank, world_size, dist.group.WORLD)
+
+    def modules(stages: int) -> dict[int, nn.Sequential]:
+        torch.manual_seed(0)
+        full = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+        per = layers // stages
+        return {s: full[s * per:(s + 1) * per] for s in range(rank, stages, world_size)}
+
+    def ours(stages: int, plan: Placement, actions: list, traces: list | None):
+        local = modules(stages)
+        made = {s: Stage(s, stages, m, torch.optim.SGD(m.parameters(), lr=1e-4), Live(m), nn.functional.cross_entropy)
+                for s, m in local.items()}
+        executor = ProcessExecutor(rank, made, comm, plan, Wire([(width,)] * (stages + 1)))
+        keys = [(0, m) for m in range(microbatches)]
+        views = {s: Microbatches(sizes=dict.fromkeys(keys, mb)) for s in made}
+        if 0 in views:
+            views[0].inputs = dict(zip(keys, torch.split(x, mb), strict=True))
+        if stages - 1 in views:
+            views[stages - 1].targets = dict(zip(keys, torch.split(y, mb), strict=True))
+            views[stages - 1].scales = dict.fromkeys(keys, 1.0 / microbatches)
+
+        def step() -> None:
+            trace = executor.run(actions, views)
+            if traces is not None:
+                traces.append(trace.events)
+        return step, executor
+
+    def theirs(stages: int, cls):
+        local = modules(stages)
+        optimizer = torch.optim.SGD([p for m in local.values() for p in m.parameters()], lr=1e-4)
+        made = [PipelineStage(m, s, stages, torch.device("cpu")) for s, m in local.items()]
+        sched = cls(made if cls is ScheduleInterleaved1F1B else made[0], n_microbatches=microbatches,
+                    loss_fn=nn.functional.cross_entropy)
+
+        def step() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            if rank == 0:
+                sched.step(x)
+            elif rank == world_size - 1:
+                sched.step(target=y)
+            else:
+                sched.step()
+            optimizer.step()
+        return step
+
+    flat, deep = world_size, world_size * chunks
+    gpipe_traces: list = []
+    interleaved_traces: list = []
+    one_stage = Placement.one_per_rank(flat)
+    ours_gpipe, ex1 = ours(flat, one_stage, place(schedules.gpipe(flat, microbatches), one_stage)[rank],
+                           gpipe_traces)
+    ours_1f1b, ex2 = ours(flat, one_stage, place(schedules.one_f_one_b(flat, microbatches), one_stage)[rank], None)
+    ours_inter, ex3 = ours(deep, Placement.interleaved(world_size, chunks),
+                           schedules.interleaved_1f1b(world_size, chunks, microbatches)[rank], interleaved_traces)
+    variants = {"ours_gpipe": ours_gpipe, "torch_gpipe": theirs(flat, ScheduleGPipe), "ours_1f1b": ours_1f1b,
+                "torch_1f1b": theirs(flat, Schedule1F1B), "ours_interleaved": ours_inter,
+                "torch_interleaved": theirs(deep, ScheduleInterleaved1F1B)}
+    for fn in variants.values():  # warm-up, whose traces are not kept
+        fn()
+    gpipe_traces.clear()
+    interleaved_traces.clear()
+    times: dict[str, Any] = interleaved(variants, rounds, steps, warmup=0, barrier_after=True)
+    for executor in (ex1, ex2, ex3):
+        executor.flush()
+    times["gpipe_traces"] = gpipe_traces
+    times["interleaved_traces"] = interleaved_traces
+    return times

@@ -1,0 +1,74 @@
+"""Claim files: the TOML schema of a paper's checkable statements, loaded with one-line errors (docs/claims.md)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from harness.report.tables import EXTRA_COLUMNS, MORE_COLUMNS, SUMMARY_COLUMNS
+from harness.suite.files import FileError, load_toml
+
+#: summary.csv columns that are not numbers, so no claim can be about them.
+TEXT_COLUMNS = ("suite", "run_id", "method", "workload", "state", "label", "family", "network", "noisy")
+#: The columns a claim's `metric` may name: every numeric column of summary.csv.
+METRIC_COLUMNS = tuple(c for c in (*SUMMARY_COLUMNS, *EXTRA_COLUMNS, *MORE_COLUMNS) if c not in TEXT_COLUMNS)
+Relation = Literal["ratio_le", "ratio_ge", "diff_le", "diff_ge"]
+
+
+class Claim(BaseModel):
+    """One `[[claim]]`: a paper's statement about `metric` of `method` against `baseline`.
+
+    relation: ratio_le (mean(method) / mean(baseline) <= value), ratio_ge (>=), diff_le (mean(method - baseline)
+    <= value) or diff_ge (>=), over seeds paired by (workload, network, seed). `setting` says whether the suite
+    reproduces the paper's setting or a scaled-down one; `note` how the statement was read into a number.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    source: str = Field(min_length=1, description="the paper and where in it, e.g. 'Lin et al. 2018, Table 3'")
+    statement: str = Field(min_length=1, description="what the paper says, in one sentence")
+    setting: Literal["paper", "scaled-down"]
+    note: str = ""
+    metric: str
+    method: str = Field(min_length=1, description="a label (without ' @ network'), a full label or a method name")
+    baseline: str = Field(min_length=1)
+    relation: Relation
+    value: float
+
+    @field_validator("metric")
+    @classmethod
+    def _summary_column(cls, value: str) -> str:
+        if value not in METRIC_COLUMNS:
+            raise ValueError(f"not a numeric summary.csv column (columns: {', '.join(METRIC_COLUMNS)})")
+        return value
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+
+class ClaimFile(BaseModel):
+    """A claim file: optionally the suite it is meant for, and its claims."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    suite: str | None = Field(default=None, description="the suite name the claims are about (checked when set)")
+    claim: list[Claim] = Field(min_length=1)
+
+
+def load_claims(path: str | Path) -> ClaimFile:
+    """Parse and validate a claim file. Raises FileError with one line naming the file and the field."""
+    claims, _ = load_toml(path, ClaimFile, "claim file")
+    seen: dict[str, int] = {}
+    for i, claim in enumerate(claims.claim):
+        if claim.id in seen:
+            raise FileError(f"{path}: claim[{i}].id: {claim.id!r} is also the id of claim[{seen[claim.id]}]")
+        seen[claim.id] = i
+    return claims

@@ -1,0 +1,140 @@
+"""Robust comparisons across seeds and workloads: IQM with stratified bootstrap intervals, probability of improvement
+over the baseline, AlgoPerf performance profiles and score, and the MLPerf result, as tables and an HTML section."""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.report import profiles, stats
+from harness.report.network import method_label
+from harness.report.page import interval_text, number_text, table_html
+
+#: The metrics compared, each with its display name and whether higher is better.
+METRICS = {"final_accuracy": ("final accuracy", True), "time_to_target_s": ("time to target", False)}
+
+
+def with_keys(table: pd.DataFrame) -> pd.DataFrame:
+    """summary (runs x columns) -> the same with `method_label` (the label without its network) and `stratum`
+    ((workload, network): runs that are comparable), and time_to_target_s as +inf where the target was missed."""
+    networks = table["network"].fillna("").astype(str) if "network" in table.columns else pd.Series(
+        "", index=table.index)
+    out = table.assign(network=networks)
+    out["method_label"] = [method_label(str(label), net) for label, net in zip(out["label"], networks, strict=True)]
+    out["stratum"] = list(zip(out["workload"].astype(str), networks, strict=True))
+    times = pd.to_numeric(out["time_to_target_s"], errors="coerce").astype(float)
+    out["time_to_target_s"] = times.where(times.notna(), math.inf)
+    return out
+
+
+def _by_stratum(rows: pd.DataFrame, metric: str, sign: float) -> dict[Any, np.ndarray]:
+    """rows -> {stratum: 1-D array of sign · metric} (NaN dropped later by the statistics)."""
+    return {key: sign * pd.to_numeric(group[metric], errors="coerce").to_numpy(dtype=float)
+            for key, group in rows.groupby("stratum", sort=False)}
+
+
+def robust_table(table: pd.DataFrame, baseline: str, has_target: bool = True) -> pd.DataFrame:
+    """summary (runs x columns) -> one row per label: label, runs, then for each METRICS m: iqm_m, iqm_m_low,
+    iqm_m_high (rliable's IQM over the label's runs with the stratified bootstrap interval, strata = (workload,
+    network)), poi_m, poi_m_low, poi_m_high (probability that a run of the label beats a run of `baseline`, a label
+    without its network, in the same stratum; 'beats' is a higher accuracy, a shorter time; NaN on the baseline
+    itself), and mlperf_time_to_target_s (the olympic mean over seeds when the label's runs share one stratum).
+
+    A missed target counts as an infinite time. Without a target (`has_target` False) the time columns are NaN.
+    """
+    data = with_keys(table)
+    rows = []
+    for label, group in data.groupby("label", sort=False):
+        mine = group["method_label"].iloc[0]
+        row: dict[str, Any] = {"label": label, "method_label": mine, "runs": len(group)}
+        for metric, (_, higher) in METRICS.items():
+            if metric == "time_to_target_s" and not has_target:
+                row.update({f"{k}_{metric}{s}": math.nan for k in ("iqm", "poi") for s in ("", "_low", "_high")})
+                continue
+            sign = 1.0 if higher else -1.0
+            ours = _by_stratum(group, metric, 1.0)
+            row[f"iqm_{metric}"], row[f"iqm_{metric}_low"], row[f"iqm_{metric}_high"] = (
+                stats.stratified_bootstrap_ci(list(ours.values())))
+            theirs = _by_stratum(data[data["method_label"] == baseline], metric, sign)
+            shared = [key for key in ours if key in theirs]
+            if mine == baseline or not shared:
+                poi = (math.nan, math.nan, math.nan)
+            else:
+                poi = stats.probability_of_improvement([sign * ours[k] for k in shared], [theirs[k] for k in shared])
+            row[f"poi_{metric}"], row[f"poi_{metric}_low"], row[f"poi_{metric}_high"] = poi
+        single = group["stratum"].nunique() == 1
+        row["mlperf_time_to_target_s"] = (profiles.olympic_mean(group["time_to_target_s"]) if single and has_target
+                                          else math.nan)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def improvement_long(robust: pd.DataFrame) -> pd.DataFrame:
+    """robust_table -> rows (label, metric, poi, poi_low, poi_high) for plot_improvement, labels with a value."""
+    rows = []
+    for _, row in robust.iterrows():
+        for metric, (name, _) in METRICS.items():
+            if np.isfinite(row[f"poi_{metric}"]):
+                rows.append({"label": row["label"], "metric": name, "poi": row[f"poi_{metric}"],
+                             "poi_low": row[f"poi_{metric}_low"], "poi_high": row[f"poi_{metric}_high"]})
+    return pd.DataFrame(rows, columns=["label", "metric", "poi", "poi_low", "poi_high"])
+
+
+def algoperf(table: pd.DataFrame, points: int = 301) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """summary (runs x columns) -> (scores, profile).
+
+    Submissions are method labels (labels without their network); problems are the (workload, network, seed)
+    triples of the folder; t is the time to target (+inf when missed, or when the submission has no run of the
+    problem). scores: label, problems, solved (problems it reached the target on), score (profiles.algoperf_score,
+    r_max = 4). profile: label, tau, rho on `points` values of tau from 1 to r_max.
+    """
+    data = with_keys(table)
+    data["problem"] = list(zip(data["workload"].astype(str), data["network"], data["seed"], strict=True))
+    submissions = list(pd.unique(data["method_label"]))
+    problems = list(pd.unique(data["problem"]))
+    times = np.full((len(submissions), len(problems)), math.inf)
+    for row in data.itertuples():
+        s, p = submissions.index(row.method_label), problems.index(row.problem)
+        times[s, p] = min(times[s, p], float(row.time_to_target_s))
+    ratios = profiles.performance_ratios(times)
+    scores = pd.DataFrame({"label": submissions, "problems": len(problems),
+                           "solved": np.isfinite(times).sum(axis=1), "score": profiles.algoperf_score(ratios)})
+    taus = np.linspace(1.0, profiles.R_MAX, points)
+    rho = profiles.performance_profile(ratios, taus)
+    profile = pd.DataFrame([{"label": label, "tau": tau, "rho": rho[s, i]} for s, label in enumerate(submissions)
+                            for i, tau in enumerate(taus)])
+    return scores, profile
+
+
+def comparisons_html(robust: pd.DataFrame, scores: pd.DataFrame | None, baseline: str) -> str:
+    """The 'Robust comparisons' section: IQM and probability of improvement per label, the MLPerf result, and
+    (with a target) the AlgoPerf scores."""
+    shown = pd.DataFrame({"label": robust["label"], "runs": robust["runs"]})
+    for metric, (name, _) in METRICS.items():
+        shown[f"IQM {name}"] = [interval_text(r[f"iqm_{metric}"], r[f"iqm_{metric}_low"], r[f"iqm_{metric}_high"])
+                                for _, r in robust.iterrows()]
+        shown[f"P({name} better than baseline)"] = [
+            interval_text(r[f"poi_{metric}"], r[f"poi_{metric}_low"], r[f"poi_{metric}_high"], digits=".2f")
+            for _, r in robust.iterrows()]
+    shown["MLPerf time to target (s)"] = [number_text(v) for v in robust["mlperf_time_to_target_s"]]
+    e = html.escape
+    parts = [
+        "<h2>Robust comparisons</h2>\n",
+        f"<p>IQM: the mean of the middle 50% of the runs (rliable), with its stratified bootstrap interval (runs "
+        f"resampled within each workload and network). P(better than baseline): the probability that a run of the "
+        f"label beats a run of the baseline <b>{e(baseline)}</b> on the same workload and network (Mann–Whitney U / "
+        f"(n·m), ties one half); 0.5 is a draw. A missed target counts as an infinite time. MLPerf time to target: the "
+        f"olympic mean over seeds (the fastest and the slowest run dropped; at least 3 runs, at most one miss).</p>\n",
+        table_html(shown),
+    ]
+    if scores is not None and len(scores):
+        shown_scores = scores.assign(score=[f"{v:.3f}" for v in scores["score"]])
+        parts += [f"<p>AlgoPerf score (Dahl et al. 2023): the area under each label's performance profile from 1 to "
+                  f"{profiles.R_MAX:g}, over {int(scores['problems'].iloc[0])} problems (workload, network, seed), "
+                  "divided by 3: 1 is the fastest to the target on every problem, 0 never within 4x the fastest.</p>\n",
+                  table_html(shown_scores)]
+    return "".join(parts)

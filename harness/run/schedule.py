@@ -1,0 +1,75 @@
+"""Learning-rate schedules: the factor on every optimizer's base lr at each step, a pure function of the step."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: The parameters of TrainParams that define the schedule (harness/method.py), with their defaults.
+SCHEDULE_DEFAULTS: dict[str, Any] = {"lr_schedule": "constant", "lr_warmup_epochs": 0.0,
+                                     "lr_warmup_start_factor": 0.1, "milestones": [0.5, 0.75], "gamma": 0.1}
+
+
+@dataclass(frozen=True)
+class LrSchedule:
+    """The learning-rate factor f(t) of step t (0-based: the step about to run), the same for every method.
+
+    With W warm-up steps, start factor s, T planned steps, milestone steps M_i = round(m_i · T) and factor gamma:
+
+        warm(t)   = s + (1 - s) · t / W   for t < W, else 1           (linear warm-up, torch's LinearLR)
+        constant:  main(t) = 1
+        step:      main(t) = gamma ** #{i : t >= M_i}                 (torch's MultiStepLR)
+        cosine:    main(t) = (1 + cos(pi · min(1, max(0, t - W) / (T - W)))) / 2   (to 0 at T, after the warm-up)
+        f(t)      = warm(t) · main(t)
+
+    Each param group's lr at step t is its base lr (as the method built it) times f(t), so groups keep their ratios.
+    """
+
+    kind: str = "constant"
+    warmup_steps: int = 0
+    warmup_start_factor: float = 0.1
+    milestone_steps: tuple[int, ...] = ()
+    gamma: float = 0.1
+    total_steps: int | None = None
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], steps_per_epoch: int, total_steps: int | None) -> LrSchedule:
+        """The schedule of a run: `params` (spec.json's params; missing keys take SCHEDULE_DEFAULTS), the data
+        order's steps per epoch and the budget's planned steps. Raises ValueError when a step or cosine schedule
+        has no planned step count (a budget of time alone)."""
+        p = {**SCHEDULE_DEFAULTS, **{k: params[k] for k in SCHEDULE_DEFAULTS if k in params}}
+        kind = str(p["lr_schedule"])
+        if kind not in ("constant", "step", "cosine"):
+            raise ValueError(f"lr_schedule must be constant, step or cosine, not {kind!r}")
+        if kind != "constant" and total_steps is None:
+            raise ValueError(f"lr_schedule {kind!r} needs a planned number of steps: give the budget max_epochs or "
+                             "max_steps (max_train_seconds alone does not say where the budget ends)")
+        milestones = tuple(round(float(m) * total_steps) for m in p["milestones"]) if kind == "step" else ()
+        return cls(kind, round(float(p["lr_warmup_epochs"]) * steps_per_epoch), float(p["lr_warmup_start_factor"]),
+                   milestones, float(p["gamma"]), total_steps)
+
+    @property
+    def is_constant(self) -> bool:
+        """True when f(t) = 1 at every step: the runner then leaves the optimizers alone."""
+        return self.kind == "constant" and self.warmup_steps == 0
+
+    def warmup(self, step: int) -> float:
+        if step >= self.warmup_steps:
+            return 1.0
+        s = self.warmup_start_factor
+        return s + (1.0 - s) * step / self.warmup_steps
+
+    def main(self, step: int) -> float:
+        if self.kind == "step":
+            return self.gamma ** sum(step >= m for m in self.milestone_steps)
+        if self.kind == "cosine":
+            span = (self.total_steps or 0) - self.warmup_steps
+            progress = 1.0 if span <= 0 else min(1.0, max(0, step - self.warmup_steps) / span)
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    def factor(self, step: int) -> float:
+        """f(step), the multiplier of every base lr at the 0-based step `step`."""
+        return self.warmup(step) * self.main(step)

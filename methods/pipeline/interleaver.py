@@ -1,0 +1,144 @@
+"""Running a schedule without processes: the Interleaver (messages, collectives, deadlocks) and the validator."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from methods.pipeline.placement import Placement
+from methods.pipeline.schedule import Action, Op, Schedule
+
+#: A message between stages: (kind 'act' or 'grad', the sending stage, iteration, microbatch).
+Message = tuple[str, int, int, int]
+
+
+class Deadlock(RuntimeError):
+    """Raised when no worker can make progress: each waits for a message or collective that never comes."""
+
+
+def message_of(action: Action) -> Message | None:
+    """The message a send or receive handles; None for other actions."""
+    if action.op is Op.SEND_ACT:
+        return ("act", action.stage, action.iteration, action.mb)
+    if action.op is Op.RECV_ACT:
+        return ("act", action.stage - 1, action.iteration, action.mb)
+    if action.op is Op.SEND_GRAD:
+        return ("grad", action.stage, action.iteration, action.mb)
+    if action.op is Op.RECV_GRAD:
+        return ("grad", action.stage + 1, action.iteration, action.mb)
+    return None
+
+
+def destination_stage(message: Message) -> int:
+    kind, stage, _, _ = message
+    return stage + 1 if kind == "act" else stage - 1
+
+
+def stream_of(message: Message, placement: Placement) -> tuple[str, int, int, int]:
+    """(kind, sending stage, source rank, destination rank): messages of one stream travel in order (one tag)."""
+    kind, stage, _, mb = message
+    return (kind, stage, placement.owner(stage, mb), placement.owner(destination_stage(message), mb))
+
+
+class Interleaver:
+    """Runs every worker's action list in one thread, in an order that respects messages and collectives: a worker
+    runs until its next action is a receive whose message has not been sent yet, or a SYNC_GRADS that not all of its
+    stage's replicas have reached; then the next worker gets a turn.
+
+    Messages of one stream (same kind, stage and pair of ranks) must be received in the order they were sent, as
+    one tag between two ranks delivers them; a receive that would overtake an earlier message raises ValueError.
+    `run(worker, action)` does the work. Messages in flight persist across calls to `advance`, so an asynchronous
+    schedule can be fed tick by tick. With a no-op `run`, it checks a schedule."""
+
+    def __init__(self, placement: Placement):
+        self.placement = placement
+        self.streams: dict[tuple, deque[Message]] = {}
+        self.arrived: dict[tuple[int, int, int], set[int]] = {}  # (stage, iteration, round) -> workers at the sync
+
+    @property
+    def in_flight(self) -> set[Message]:
+        return {m for queue in self.streams.values() for m in queue}
+
+    def _ready(self, worker: int, action: Action) -> bool:
+        """Whether `action` can run now on `worker` (a receive whose message came; a sync all replicas reached)."""
+        if action.op in (Op.RECV_ACT, Op.RECV_GRAD):
+            message = message_of(action)
+            queue = self.streams.get(stream_of(message, self.placement))
+            if not queue or message not in queue:
+                return False
+            if queue[0] != message:
+                raise ValueError(f"worker {worker}: {action} would overtake {queue[0]} on one stream: a receive "
+                                 f"order that differs from the send order")
+            return True
+        if action.op is Op.SYNC_GRADS:
+            key = (action.stage, action.iteration, action.mb)
+            self.arrived.setdefault(key, set()).add(worker)
+            return len(self.arrived[key]) == self.placement.replicas(action.stage)
+        return True
+
+    def _commit(self, worker: int, action: Action) -> None:
+        message = message_of(action)
+        if action.op in (Op.RECV_ACT, Op.RECV_GRAD):
+            self.streams[stream_of(message, self.placement)].popleft()
+        elif message is not None:
+            if message in self.in_flight:
+                raise ValueError(f"worker {worker} sends {action} twice")
+            expected = self.placement.owner(action.stage, action.mb)
+            if expected != worker:
+                raise ValueError(f"worker {worker} runs {action}, which belongs to rank {expected}")
+            self.streams.setdefault(stream_of(message, self.placement), deque()).append(message)
+
+    def advance(self, schedule: Schedule, run: Callable[[int, Action], None] = lambda w, a: None) -> list[
+            tuple[int, Action]]:
+        """Run `schedule` (one list per worker) to its end; returns the global order in which actions ran."""
+        if len(schedule) != self.placement.world_size:
+            raise ValueError(f"schedule has {len(schedule)} workers, the placement {self.placement.world_size}")
+        cursor = [0] * len(schedule)
+        order: list[tuple[int, Action]] = []
+        passed: set[tuple[int, tuple]] = set()
+        while any(cursor[w] < len(schedule[w]) for w in range(len(schedule))):
+            progressed = False
+            for w, actions in enumerate(schedule):
+                while cursor[w] < len(actions):
+                    action = actions[cursor[w]]
+                    if not self._ready(w, action):
+                        break
+                    self._commit(w, action)
+                    if action.op is Op.SYNC_GRADS:
+                        passed.add((w, (action.stage, action.iteration, action.mb)))
+                    run(w, action)
+                    order.append((w, action))
+                    cursor[w] += 1
+                    progressed = True
+            if not progressed:
+                waiting = ", ".join(f"worker {w} at {schedule[w][cursor[w]]}" for w in range(len(schedule))
+                                    if cursor[w] < len(schedule[w]))
+                raise Deadlock(f"no worker can progress: {waiting}")
+        for key in {key for _, key in passed}:  # every replica has passed these syncs
+            if all((w, key) in passed for w in self.arrived.get(key, ())):
+                self.arrived.pop(key, None)
+        return order
+
+
+def validate(schedule: Schedule, placement: Placement | None = None) -> None:
+    """Raise if `schedule` deadlocks, leaves a message unreceived, receives a stream out of order, runs an action on a
+    rank that does not own it, runs a backward of a microbatch before its forward (or either twice)."""
+    placement = placement or Placement.one_per_rank(len(schedule))
+    for w, actions in enumerate(schedule):
+        forwards, backwards = set(), set()
+        for a in actions:
+            ident = (a.stage, a.iteration, a.mb)
+            if a.op is Op.FORWARD:
+                if ident in forwards:
+                    raise ValueError(f"worker {w} runs the forward of {a} twice")
+                forwards.add(ident)
+            elif a.op is Op.BACKWARD:
+                if ident not in forwards or ident in backwards:
+                    raise ValueError(f"worker {w} runs the backward of {a} before its forward, or twice")
+                backwards.add(ident)
+            if a.op in (Op.FORWARD, Op.BACKWARD) and placement.owner(a.stage, a.mb) != w:
+                raise ValueError(f"worker {w} runs {a}, which belongs to rank {placement.owner(a.stage, a.mb)}")
+    sim = Interleaver(placement)
+    sim.advance(schedule)
+    if sim.in_flight:
+        raise ValueError(f"messages never received: {sorted(sim.in_flight)}")

@@ -1,0 +1,144 @@
+"""Pipelined Backpropagation with Spike Compensation and Linear Weight Prediction (Kosson et al., MLSys 2021)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from harness.data.tensors import Batch
+from harness.method import RunContext, StepStats
+from methods.pipeline.executor import Microbatches
+from methods.pipeline.method import PipelineMethod, PipelineParams
+from methods.pipeline.placement import place
+from methods.pipeline.prediction import Predicted
+from methods.pipeline.schedule import Schedule, pb_delay, pb_tick
+from methods.pipeline.spike import SpikeCompensatedSGD
+from methods.pipeline.stage import BackwardMode
+from methods.pipeline.versions import WeightPolicy
+
+
+def scaled_hyperparameters(lr: float, momentum: float, batch: int, reference_batch: int) -> tuple[float, float]:
+    """The paper's scaling rules from a reference batch B to batch b, for undampened momentum:
+    keep the momentum half-life in samples, m_b = m_B^(b/B); keep each sample's total contribution to the weights,
+    lr_b / (b (1 - m_b)) = lr_B / (B (1 - m_B)), so lr_b = lr_B · b (1 - m_b) / (B (1 - m_B)) (lr_B · b / B without
+    momentum). At b = 1: m_1 = m_B^(1/B), lr_1 = lr_B (1 - m_1) / (B (1 - m_B))."""
+    m = momentum ** (batch / reference_batch)
+    if momentum == 0:
+        return lr * batch / reference_batch, 0.0
+    return lr * batch * (1 - m) / (reference_batch * (1 - momentum)), m
+
+
+class PBParams(PipelineParams):
+    compensation: Literal["none", "sc"] = Field(
+        default="sc", description="sc: spike compensation SC_D at every stage with its delay D_s; none: momentum SGD")
+    prediction: Literal["none", "lwp_v", "lwp_w"] = Field(
+        default="lwp_v", description="forward on weights predicted D_s updates ahead: lwp_v = w - lr·D·v (default), "
+                                     "lwp_w = w + D·(w - w_prev); none: the current weights")
+    backward_weights: Literal["current", "stashed"] = Field(
+        default="current", description="current: the backward uses the weights current at backward time (PB's weight "
+                                       "inconsistency); stashed: the weights its forward used")
+    reference_batch: int | None = Field(
+        default=None, ge=1, description="scale lr and momentum from this batch size to batch_size (the paper's rules)")
+    reference_lr: float | None = Field(default=None, description="set from lr when reference_batch scales it")
+    reference_momentum: float | None = Field(default=None, description="set from momentum when reference_batch scales")
+
+    @model_validator(mode="after")
+    def _scale(self) -> PBParams:
+        if self.reference_batch is None:
+            if self.reference_lr is not None or self.reference_momentum is not None:
+                raise ValueError("reference_lr and reference_momentum are set from lr and momentum by "
+                                 "reference_batch; give reference_batch instead")
+            return self
+        if self.reference_lr is None:  # first validation: lr and momentum are the reference batch's
+            self.reference_lr, self.reference_momentum = self.lr, self.momentum
+            self.lr, self.momentum = scaled_hyperparameters(self.lr, self.momentum, self.batch_size,
+                                                            self.reference_batch)
+        return self
+
+
+class PipelinedBackprop(PipelineMethod):
+    """Fine-grained Pipelined Backpropagation: no flush, one update per stage per tick. The runner's step t is tick
+    t: sample (batch) t enters stage 0, and at stage s of S:
+
+        forward(sample t - s)                       on the weights predicted D_s updates ahead   (LWP_D)
+        backward(sample t - 2(S-1) + s)             with the weights current now (no stash)
+        v <- m·v + g;  w <- w - lr·(a·v + b·g)       a = m^D_s, b = (1 - m^D_s)/(1 - m)            (SC_D)
+
+    A sample's forward and backward at stage s are D_s = 2(S-1-s) updates apart (pb_delay; the last stage has none).
+    After the last step the pipeline drains: 2(S-1) ticks with no new sample. Each part is switchable
+    (`compensation`, `prediction`, `backward_weights`); with one stage it is momentum SGD at the same batch, bitwise.
+    `reference_batch` scales lr and momentum from that batch size to the run's (scaled_hyperparameters; spec.json
+    records both). Readings of what the abstract leaves open are in docs/methods.md.
+    """
+
+    name = "pb"
+    summary = "Pipelined Backpropagation with Spike Compensation and Linear Weight Prediction (Kosson et al. 2021)"
+    Params: ClassVar[type[PBParams]] = PBParams
+
+    @classmethod
+    def check_world_size(cls, world_size: int, params: PBParams) -> str | None:
+        if params.replicas is not None:
+            return "pb does not replicate stages (leave replicas unset)"
+        if params.nesterov:
+            return "pb's spike-compensated momentum is undampened and not Nesterov: set nesterov = false"
+        return super().check_world_size(world_size, params)
+
+    def __init__(self, ctx: RunContext):
+        self._targets: dict[int, torch.Tensor] = {}  # sample -> labels, kept until the last stage's forward
+        self.samples = 0  # samples that entered the pipeline
+        super().__init__(ctx)
+
+    @property
+    def backward_mode(self) -> BackwardMode:  # type: ignore[override]
+        return "current" if self.ctx.params.backward_weights == "current" else "graph"
+
+    def delay(self, stage: int) -> int:
+        return pb_delay(stage, self.num_stages)
+
+    def make_optimizer(self, stage: int, module: nn.Module) -> torch.optim.Optimizer:
+        p = self.ctx.params
+        delay = self.delay(stage) if p.compensation == "sc" else 0
+        return SpikeCompensatedSGD(module.parameters(), lr=p.lr, momentum=p.momentum, delay=delay,
+                                   weight_decay=p.weight_decay)
+
+    def make_policy(self, stage: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer
+                    ) -> WeightPolicy:
+        p = self.ctx.params
+        return Predicted(module, optimizer, pb_delay(stage, stages), p.prediction, p.backward_weights == "stashed")
+
+    # -- ticks -----------------------------------------------------------------------------------------------------
+    def _schedule(self, t: int) -> Schedule:
+        return place([pb_tick(s, self.num_stages, t, self.samples) for s in range(self.num_stages)], self.placement)
+
+    def _views(self, t: int, batch: Batch | None) -> dict[int, Microbatches]:
+        """Each local stage's view of tick t: every sample still in flight has the batch size; stage 0 loads sample t,
+        the last stage the labels of sample t-(S-1), kept since its step."""
+        size, last = self.ctx.params.batch_size, self.num_stages - 1
+        keys = {(0, i): size for i in range(max(0, t - 2 * self.num_stages), min(t + 1, self.samples))}
+        local = range(self.num_stages) if self.virtual else self.placement.stages_of(self.ctx.rank)
+        views = {s: Microbatches(sizes=dict(keys)) for s in local}
+        if 0 in views and batch is not None:
+            views[0].inputs[(0, t)] = batch.inputs().to(self.ctx.device)
+        done = t - last
+        if last in views and done in self._targets:
+            views[last].targets[(0, done)] = self._targets.pop(done)
+            views[last].scales[(0, done)] = 1.0
+        return views
+
+    def train_step(self, batch: Batch) -> StepStats:
+        t = batch.step
+        self.samples = t + 1
+        if self.virtual or self.num_stages - 1 in self.placement.stages_of(self.ctx.rank):
+            self._targets[t] = batch.targets().to(self.ctx.device)
+        stats = self.run(self._schedule(t), self._views(t, batch), t)
+        if t < self.num_stages - 1:
+            stats.loss = None  # no sample has reached the last stage yet
+        return stats
+
+    def end_training(self) -> None:
+        """The drain: 2(S-1) ticks without a new sample, so that every sample's backward runs at every stage."""
+        for t in range(self.samples, self.samples + 2 * (self.num_stages - 1)):
+            self.run(self._schedule(t), self._views(t, None), -1)

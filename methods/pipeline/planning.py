@@ -1,0 +1,117 @@
+"""The plan of a pipeline run: stage ranges and replicas (chosen, uniform, or PipeDream's DP), agreed by all ranks,
+and partition.json with the predicted and measured stage times."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from harness.comm.communicator import Communicator
+from methods.blocks import uniform_split
+from methods.pipeline import partitioner, profiler
+
+
+@dataclass
+class StageTimes:
+    """One stage's measured compute over a run (summed over its replicas): seconds and counts of forwards and
+    backwards."""
+
+    forward_s: float = 0.0
+    forwards: int = 0
+    backward_s: float = 0.0
+    backwards: int = 0
+
+    def as_tensor(self) -> torch.Tensor:
+        return torch.tensor([self.forward_s, self.forwards, self.backward_s, self.backwards], dtype=torch.float64)
+
+    @classmethod
+    def from_tensor(cls, row: torch.Tensor) -> StageTimes:
+        return cls(float(row[0]), int(row[1]), float(row[2]), int(row[3]))
+
+    def mean_forward_s(self) -> float:
+        return self.forward_s / max(self.forwards, 1)
+
+    def mean_backward_s(self) -> float:
+        return self.backward_s / max(self.backwards, 1)
+
+
+@dataclass
+class Plan:
+    """ranges[s] = [start, end) blocks of stage s; replicas[s] its replica count; record: what partition.json shows
+    (mode, bandwidth, the profiles, PipeDream's predicted stage times, and for 'auto' the DP's best plan)."""
+
+    ranges: list[tuple[int, int]]
+    replicas: list[int]
+    record: dict[str, Any]
+
+
+def make_plan(blocks: list[nn.Module], example: torch.Tensor, partition: str | list[int], stages: int | None,
+              replicas: list[int] | None, workers: int, bandwidth: float, comm: Communicator,
+              auto_replicas: bool = False) -> Plan:
+    """The stage ranges and replicas, the same on every rank (collective when comm.world_size > 1).
+
+    Rank 0 profiles every block on `example` (a microbatch), so every split, chosen or solved, comes with PipeDream's
+    predicted stage times. `partition`: a list of the first block of every stage after the first; 'uniform' (equal
+    block counts); or 'auto': PipeDream's DP for `stages` stages on one rank each, or, with `auto_replicas`, over all
+    `workers` with replication (the DP picks the stage count too, at most `stages` when given). `replicas` (per stage)
+    is used as given. Rank 0 broadcasts its answer (category `control`).
+    """
+    n = len(blocks)
+    agreed = torch.zeros(2 * n + 2, dtype=torch.int64)  # [S, b_0..b_S, r_0..r_{S-1}]
+    record: dict[str, Any] = {"mode": partition if isinstance(partition, str) else "manual", "bandwidth": bandwidth}
+    if comm.rank == 0:
+        profiles = profiler.profile_blocks(blocks, example)
+        chosen = list(replicas) if replicas else None
+        if isinstance(partition, list):
+            if partition[-1] >= n:
+                raise ValueError(f"partition {partition}: the model has only {n} blocks")
+            ranges = list(zip([0, *partition], [*partition, n], strict=True))
+        elif partition == "uniform":
+            ranges = uniform_split(n, stages or len(chosen))
+        elif auto_replicas:  # PipeDream's plan over every worker, replication included
+            best = partitioner.pipedream_partition(profiles, workers, bandwidth, max_stages=stages)
+            record["best_with_replication"] = best.to_dict()
+            ranges, chosen = best.ranges, best.replicas
+        else:
+            count = stages or len(chosen)
+            ranges = partitioner.straight_partition(profiles, count, bandwidth).ranges
+            best = partitioner.pipedream_partition(profiles, max(workers, count), bandwidth)
+            record["best_with_replication"] = best.to_dict()
+        chosen = chosen or [1] * len(ranges)
+        if len(chosen) != len(ranges):
+            raise ValueError(f"replicas {chosen} name {len(chosen)} stages; the split has {len(ranges)}")
+        record["predicted"] = partitioner.predict(profiles, ranges, bandwidth, chosen).to_dict()
+        record["profiles"] = profiler.profiles_to_dicts(profiles)
+        s = len(ranges)
+        agreed[0] = s
+        agreed[1:s + 2] = torch.tensor([a for a, _ in ranges] + [n])
+        agreed[s + 2:2 * s + 2] = torch.tensor(chosen)
+    if comm.world_size > 1:
+        comm.broadcast(agreed, 0, "control")
+    s = int(agreed[0])
+    bounds = agreed[1:s + 2].tolist()
+    return Plan([(bounds[i], bounds[i + 1]) for i in range(s)], agreed[s + 2:2 * s + 2].tolist(), record)
+
+
+def write_partition(path: Path, method: str, plan: Plan, stage_ranks: list[list[int]],
+                    shapes: list[tuple[int, ...]], measured: list[StageTimes] | None) -> None:
+    """partition.json: the split and its replicas (ranks), each stage's predicted time (from the profiles) next to
+    its measured one (the mean forward and backward of one microbatch over the run), the profiles, and for 'auto' the
+    DP's best plan with replication over the same workers."""
+    predicted = plan.record.get("predicted", {}).get("stages") or [{} for _ in plan.ranges]
+    stages = []
+    for s, ((a, b), pred) in enumerate(zip(plan.ranges, predicted, strict=True)):
+        row = {"stage": s, "blocks": [a, b], "replicas": plan.replicas[s], "ranks": stage_ranks[s],
+               "predicted_compute_s": pred.get("compute_s"), "predicted_s": pred.get("predicted_s")}
+        if measured is not None:
+            forward, backward = measured[s].mean_forward_s(), measured[s].mean_backward_s()
+            row.update(measured_forward_s=forward, measured_backward_s=backward,
+                       measured_compute_s=forward + backward)
+        stages.append(row)
+    record = {"method": method, "stages": stages, "input_shapes": shapes, **plan.record}
+    path.write_text(json.dumps(record, indent=1))

@@ -1,0 +1,151 @@
+"""The report's robust comparisons (IQM, probability of improvement, AlgoPerf, MLPerf), family styles, and the
+measurement-hygiene verdicts from `cpu` records."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.report import build, comparisons, hygiene, styles
+from harness.run.usage import UsageSample, run_queue_wait_s, usage_record
+
+
+def summary_rows(rows: list[tuple]) -> pd.DataFrame:
+    """(label, method, family, workload, seed, final_accuracy, time_to_target_s) -> a summary-like table."""
+    table = pd.DataFrame(rows, columns=["label", "method", "family", "workload", "seed", "final_accuracy",
+                                        "time_to_target_s"])
+    return table.assign(network="", state="completed", suite="s")
+
+
+@pytest.fixture
+def table() -> pd.DataFrame:
+    rows = []
+    for seed in range(4):
+        rows.append(("ddp x2", "ddp", "data-parallel", "a", seed, 0.90, 10.0 + seed))
+        rows.append(("dgc x2", "dgc", "data-parallel-compressed", "a", seed, 0.91, 5.0 + seed))
+        rows.append(("qsgd x2", "qsgd", "data-parallel-compressed", "a", seed, 0.80, math.nan if seed else 30.0))
+        rows.append(("ddp x2", "ddp", "data-parallel", "b", seed, 0.70, 20.0))
+        rows.append(("dgc x2", "dgc", "data-parallel-compressed", "b", seed, 0.60, 40.0))
+        rows.append(("qsgd x2", "qsgd", "data-parallel-compressed", "b", seed, 0.65, 80.0))
+    return summary_rows(rows)
+
+
+def test_robust_table_iqm_improvement_and_mlperf(table: pd.DataFrame) -> None:
+    robust = comparisons.robust_table(table, "ddp x2").set_index("label")
+    # dgc: accuracy 0.91 on a (beats ddp's 0.90 always) and 0.60 on b (always loses) -> 0.5 averaged over tasks
+    assert robust.loc["dgc x2", "poi_final_accuracy"] == pytest.approx(0.5)
+    # time: dgc 5..8 s vs ddp 10..13 s on a (always faster), 40 vs 20 on b (always slower) -> 0.5
+    assert robust.loc["dgc x2", "poi_time_to_target_s"] == pytest.approx(0.5)
+    # qsgd misses the target in 3 of 4 runs on a: a miss is infinitely slow, and ties with nothing
+    assert robust.loc["qsgd x2", "poi_time_to_target_s"] == pytest.approx((0.0 + 0.0) / 2)
+    assert math.isnan(robust.loc["ddp x2", "poi_final_accuracy"])  # the baseline is not compared with itself
+    assert robust.loc["ddp x2", "iqm_final_accuracy"] == pytest.approx(0.8)  # 4 x 0.9 and 4 x 0.7 pooled
+    low, high = robust.loc["ddp x2", ["iqm_final_accuracy_low", "iqm_final_accuracy_high"]]
+    assert low == high == pytest.approx(0.8)  # constant within each task: stratified resamples never move it
+    assert math.isnan(robust.loc["ddp x2", "mlperf_time_to_target_s"])  # two workloads: no single MLPerf result
+    one = comparisons.robust_table(table[table["workload"] == "a"], "ddp x2").set_index("label")
+    assert one.loc["ddp x2", "mlperf_time_to_target_s"] == pytest.approx(11.5)  # mean of 11 and 12
+    assert math.isnan(one.loc["qsgd x2", "mlperf_time_to_target_s"])  # three misses
+
+
+def test_algoperf_scores_over_workloads_and_seeds(table: pd.DataFrame) -> None:
+    scores, profile = comparisons.algoperf(table)
+    scores = scores.set_index("label")
+    assert scores["problems"].unique().tolist() == [8] and scores.loc["qsgd x2", "solved"] == 5
+    # ddp on a: ratio (10+s)/(5+s) per seed; on b: 1 (the fastest)
+    ddp_a = [(4 - (10 + s) / (5 + s)) / 3 for s in range(4)]
+    assert scores.loc["ddp x2", "score"] == pytest.approx((sum(ddp_a) + 4) / 8)
+    assert profile[(profile["label"] == "dgc x2") & (profile["tau"] == 1.0)]["rho"].item() == pytest.approx(0.5)
+
+
+def test_improvement_plot_and_profile_plot_render(table: pd.DataFrame) -> None:
+    from harness.report import figures
+
+    robust = comparisons.robust_table(table, "ddp x2")
+    long = comparisons.improvement_long(robust)
+    assert set(long["label"]) == {"dgc x2", "qsgd x2"}
+    fig = figures.plot_improvement(long, "ddp x2")
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["dgc x2", "qsgd x2"]
+    _, profile = comparisons.algoperf(table)
+    assert len(figures.plot_performance_profile(profile).axes[0].get_lines()) == 3
+
+
+def test_family_colours_and_dashes() -> None:
+    frame = pd.DataFrame({"label": ["sgd", "ddp", "qsgd", "dgc", "terngrad", "gpipe", "1f1b", "ddp"],
+                          "family": ["reference", "data-parallel", "data-parallel-compressed",
+                                     "data-parallel-compressed", "data-parallel-compressed", "pipeline", "pipeline",
+                                     "data-parallel"]})
+    look = styles.label_styles(frame)
+    assert list(look) == ["sgd", "ddp", "qsgd", "dgc", "terngrad", "gpipe", "1f1b"]
+    compressed = [look[k] for k in ("qsgd", "dgc", "terngrad")]
+    assert len({s.dashes for s in compressed}) == 3 and len({s.color for s in compressed}) == 3
+    orange = [s.color for s in compressed]
+    assert all(r > b for r, _, b in orange)  # the compressed family is orange: red over blue
+    assert look["gpipe"].color[1] > look["gpipe"].color[0]  # pipelines are green
+    assert look["gpipe"].dashes != look["1f1b"].dashes
+
+
+def cpu_record(rank: int, cpu: float, wait: float | None, busy: float | None, host: str = "h",
+               wall: float = 2.0, threads: int = 1) -> dict:
+    return {"kind": "cpu", "rank": rank, "cpu_s": cpu, "wait_s": wait, "wall_s": wall, "threads": threads,
+            "host": host, "cores": 2, "machine_busy_s": busy, "machine_steal_s": 0.0}
+
+
+@pytest.mark.parametrize(("records", "noisy"), [
+    # quiet: the ranks wait on each other's threads (self-contention), but nothing else runs
+    ([cpu_record(0, 1.3, 0.7, 2.7), cpu_record(1, 1.3, 0.7, None)], False),
+    # another process took 1.2 of the 4 core-seconds while the ranks waited
+    ([cpu_record(0, 1.0, 1.0, 3.2), cpu_record(1, 1.0, 1.0, None)], True),
+    # another process used the other core, but the rank was never starved
+    ([cpu_record(0, 2.0, 0.0, 4.0)], False),
+    # no schedstat: cpu / (wall · threads) instead, with the machine busy
+    ([cpu_record(0, 0.5, None, 3.0, threads=2, wall=1.0)], True),
+    # two hosts: each host's machine reading against its own ranks
+    ([cpu_record(0, 1.0, 1.0, 1.05, host="a"), cpu_record(1, 1.0, 1.0, 3.0, host="b")], True),
+])
+def test_noisy_needs_a_starved_rank_and_a_busy_machine(records: list[dict], noisy: bool) -> None:
+    verdict = hygiene.run_hygiene(pd.DataFrame(records))
+    assert verdict["noisy"] is noisy
+    assert hygiene.run_hygiene(pd.DataFrame({"kind": ["train"], "rank": [0]}))["noisy"] is None
+
+
+def test_usage_records_measure_this_process() -> None:
+    start = UsageSample.now()
+    deadline = time.perf_counter() + 0.2
+    while time.perf_counter() < deadline:
+        pass
+    record = usage_record(start, UsageSample.now(), threads=1)
+    assert record["wall_s"] >= 0.2 and 0 < record["cpu_s"] <= record["wall_s"] * 1.5
+    assert record["cores"] >= 1 and record["host"]
+    if run_queue_wait_s() is not None:  # Linux with schedstat
+        assert record["wait_s"] >= 0 and record["machine_busy_s"] >= 0
+    share = hygiene.cpu_share(pd.Series(record))
+    assert 0 < share <= 1.0 + 1e-6
+
+
+def test_a_report_over_two_workloads_has_a_performance_profile(tmp_path) -> None:
+    import json
+
+    for workload in ("a", "b"):
+        for seed in range(3):
+            for method, seconds in (("ddp", 2.0), ("dgc", 1.0 if workload == "a" else 3.0)):
+                run_dir = tmp_path / "s" / f"{method}-{workload}-{seed}"
+                run_dir.mkdir(parents=True)
+                spec = {"suite": "s", "run_id": run_dir.name, "label": f"{method} x2", "method": method,
+                        "family": "data-parallel", "workload": workload, "seed": seed, "world_size": 2,
+                        "budget": {"target_accuracy": 0.5}}
+                (run_dir / "spec.json").write_text(json.dumps(spec))
+                (run_dir / "status.json").write_text(json.dumps({"state": "completed"}))
+                evals = [{"kind": "eval", "rank": 0, "train_time_s": t, "step": s, "epoch": s, "test_accuracy": a}
+                         for s, (t, a) in enumerate([(0.0, 0.1), (seconds, 0.6)])]
+                (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    index = build.write_report(tmp_path / "s")
+    assert (index.parent / "performance_profile.png").exists()
+    page = index.read_text()
+    assert "AlgoPerf score" in page and "over 6 problems" in page
+    frame = pd.read_csv(index.parent / "comparisons.csv")
+    assert np.isclose(frame.set_index("label").loc["dgc x2", "poi_time_to_target_s"], 0.5)
