@@ -6,9 +6,10 @@ import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported where frames are made: ranks read records (trace_export) without it
+    import pandas as pd
 
 #: Columns every metrics frame has, even when the run wrote no records (the fields every record carries).
 BASE_COLUMNS = ("kind", "rank", "wall_time_s", "train_time_s")
@@ -89,6 +90,8 @@ class RunResult:
 
 def metrics_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     """Records -> DataFrame (records x union of keys); BASE_COLUMNS are present even without records."""
+    import pandas as pd
+
     frame = pd.DataFrame.from_records(records) if records else pd.DataFrame()
     for column in BASE_COLUMNS:
         if column not in frame.columns:

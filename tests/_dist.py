@@ -1,8 +1,8 @@
-"""Test helper: run a function on W real gloo processes (spawned, one thread each) and collect what each returns."""
+"""Test helper: run a function on W real gloo processes (one thread each, forked from the launcher's warm
+forkserver, harness/launch/warm.py) and collect what each returns."""
 
 from __future__ import annotations
 
-import multiprocessing
 import pickle
 import queue
 import tempfile
@@ -31,10 +31,13 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 
     """fn(rank, world_size, *args) on every rank; returns the results ordered by rank; raises on any failure."""
     import torch.distributed as dist
 
+    from harness.launch import warm
+
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = warm.context()
     out = ctx.Queue()
-    procs = [ctx.Process(target=_wrap, args=(fn, r, world_size, store.port, out, args)) for r in range(world_size)]
+    procs = [warm.process(ctx, _wrap, (fn, r, world_size, store.port, out, args), f"rank{r}")
+             for r in range(world_size)]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}

@@ -1,5 +1,5 @@
 """The runner's hot paths: one training step of sgd (in-process) and ddp (2 gloo processes) on synthetic-mlp, next
-to a hand-written torch DDP loop, and the fixed start-up cost of a whole 1-step `dtbench run`."""
+to a hand-written torch DDP loop, and the fixed start-up cost of a whole 1-step `dtbench run` and of a suite of ten."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import torch  # at import: asv's forkserver then imports it once for every benchmark process
 
 from . import CODE_ROOT
+from .startup_suite import write_suite
 
 DDP_ROUNDS = 5  # alternating blocks of each variant
 DDP_STEPS = 20  # steps per block (and warm-up steps per variant)
@@ -78,35 +79,17 @@ class DDPStep:
     track_ddp_vs_torch_ddp.unit = "x torch DDP"
 
 
-STARTUP_SUITE = """\
-# A 1-step suite: what `dtbench run` costs before and after any training.
-name = "startup"
-workload = "synthetic-mlp"
-seeds = [0]
-threads_per_rank = 1
-
-[workload_options]
-in_features = 32
-hidden = 64
-depth = 1
-num_train = 256
-num_test = 64
-
-[budget]
-max_steps = 1
-
-[defaults]
-batch_size = 32
-
-[[run]]
-method = "{method}"
-world_size = {world_size}
-"""
+def run_suite_once(suite: Path, out: Path) -> None:
+    """`dtbench run SUITE --quiet` in a fresh interpreter, measuring the code under test (CODE_ROOT)."""
+    env = {**os.environ, "PYTHONPATH": str(CODE_ROOT), "MPLBACKEND": "Agg"}
+    subprocess.run([sys.executable, "-m", "harness.cli", "run", str(suite), "--out", str(out), "--quiet"],
+                   check=True, env=env, cwd=suite.parent, stdout=subprocess.DEVNULL)
 
 
 class RunStartup:
     """A whole `dtbench run` of a 1-step suite in a fresh interpreter: imports, launch, rendezvous, one step, one
-    evaluation, the result files. Nearly all of it is the fixed cost every run pays."""
+    evaluation, the result files. Nearly all of it is the fixed cost every run pays (docs/benchmarks.md,
+    "Start-up")."""
 
     params = ["sgd", "ddp"]
     param_names = ["method"]
@@ -118,9 +101,7 @@ class RunStartup:
 
     def setup(self, method: str) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="dtbench-bench-"))
-        self.suite = self.folder / "startup.toml"
-        self.suite.write_text(STARTUP_SUITE.format(method=method, world_size=1 if method == "sgd" else 2))
-        self.env = {**os.environ, "PYTHONPATH": str(CODE_ROOT), "MPLBACKEND": "Agg"}
+        self.suite = write_suite(self.folder, [method])
         self.runs = 0
 
     def teardown(self, method: str) -> None:
@@ -128,6 +109,27 @@ class RunStartup:
 
     def time_dtbench_run_1_step(self, method: str) -> None:
         self.runs += 1
-        out = self.folder / f"out{self.runs}"
-        subprocess.run([sys.executable, "-m", "harness.cli", "run", str(self.suite), "--out", str(out), "--quiet"],
-                       check=True, env=self.env, cwd=self.folder, stdout=subprocess.DEVNULL)
+        run_suite_once(self.suite, self.folder / f"out{self.runs}")
+
+
+class SuiteStartup:
+    """A whole `dtbench run` of a suite of ten 1-step runs (sgd on 1 rank and ddp on 2, 5 seeds each): the first
+    run pays the process start, the nine others what each further run of a suite costs."""
+
+    number = 1
+    repeat = (2, 3, 60.0)
+    rounds = 1
+    warmup_time = 0.0
+    timeout = 600
+
+    def setup(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="dtbench-bench-"))
+        self.suite = write_suite(self.folder, ["sgd", "ddp"], seeds=5)
+        self.runs = 0
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def time_dtbench_run_10_runs(self) -> None:
+        self.runs += 1
+        run_suite_once(self.suite, self.folder / f"out{self.runs}")

@@ -52,6 +52,8 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
     from harness.suite.expand import expand_suite
     from harness.suite.files import FileError
 
+    if args.launcher == "local" and not args.dry_run:
+        _warm_up()
     try:
         specs = expand_suite(args.suite, args.only, args.network)
     except FileError as exc:
@@ -115,11 +117,20 @@ def _submit(args: argparse.Namespace, specs, argv: list[str]) -> int:
     return 0
 
 
+def _warm_up() -> None:
+    """Start the ranks' forkserver first: it imports torch and the harness while this process reads the suite
+    (which imports torch too), so the two imports overlap (harness/launch/warm.py)."""
+    from harness.launch import warm
+
+    warm.start()
+
+
 def rerun_one(args: argparse.Namespace, argv: list[str]) -> int:
     from pydantic import ValidationError
 
     from harness.suite.spec import RunSpec
 
+    _warm_up()
     path = args.run_dir / "spec.json"
     try:
         spec = RunSpec.model_validate_json(path.read_text())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import sys
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.launch import warm
 from harness.launch.failures import describe_failure, error_time
 from harness.launch.progress import MetricsTail
 from harness.net import emulation
@@ -33,14 +35,15 @@ class LaunchResult:
 
 
 def _entry(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, argv: list[str], resume: bool,
-           netns: str | None = None, network_info: dict | None = None) -> None:
+           netns: str | None = None, network_info: dict | None = None, launched_at: float | None = None) -> None:
     if netns is not None:  # first thing: no socket or thread may exist before the rank is in its namespace
         enter(netns)
         os.environ["GLOO_SOCKET_IFNAME"] = emulation.IFNAME
     # SIGUSR2 on any rank (from a batch system, or a person) stops the run after a checkpoint: state preempted,
     # and `dtbench run --resume` goes on from there.
     STOP.install(stop_on=(signal.SIGUSR2,))
-    code = run_rank(spec_json, rank, rdzv, run_dir, "local", True, argv, resume=resume, network=network_info)
+    code = run_rank(spec_json, rank, rdzv, run_dir, "local", True, argv, resume=resume, network=network_info,
+                    launched_at=launched_at)
     # Leave without the interpreter's teardown: every file is written and closed and the process group destroyed,
     # and a C++ thread torn down late at exit has aborted a finished rank ("terminate called without an active
     # exception", seen once in a CI smoke run), which the launcher would then report as a failed run.
@@ -96,12 +99,13 @@ def _launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None
     host = "127.0.0.1" if topology is None else "0.0.0.0"
     store = dist.TCPStore(host, 0, spec.world_size, is_master=True, wait_for_workers=False)
     rdzv = Rendezvous("127.0.0.1" if topology is None else topology.store_addr, store.port, store_is_external=True)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = warm.context()
     spec_json = spec.model_dump_json()
     argv = list(argv if argv is not None else sys.argv)
     info = topology.describe() if topology is not None else None
-    procs = [ctx.Process(target=_entry, name=f"rank{r}",
-                         args=(spec_json, r, rdzv, str(run_dir), argv, resume, topology and topology.ranks[r], info))
+    launched_at = time.time()
+    procs = [warm.process(ctx, _entry, (spec_json, r, rdzv, str(run_dir), argv, resume,
+                                        topology and topology.ranks[r], info, launched_at), f"rank{r}")
              for r in range(spec.world_size)]
     for p in procs:
         p.start()
@@ -122,7 +126,8 @@ def _launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None
             if progress is not None:
                 tail.poll()
                 progress(tail)
-            time.sleep(POLL_S)
+            # Wakes at once when a rank ends (its sentinel), else after POLL_S for the progress bar.
+            multiprocessing.connection.wait([p.sentinel for p in procs if p.exitcode is None], POLL_S)
     except KeyboardInterrupt:
         _terminate(procs)
         write_status(run_dir, "failed", error={"message": "interrupted (Ctrl-C)", "rank": None})

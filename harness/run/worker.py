@@ -7,6 +7,7 @@ import json
 import os
 import random
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,22 +49,41 @@ def _init_distributed(rank: int, world_size: int, rdzv: Rendezvous, backend: str
     return dist.group.WORLD
 
 
+class StartupClock:
+    """Seconds of each start-up phase of a rank, in order: `mark(name)` ends the phase `name` (begun at the last
+    mark, or at the rank's entry). With `launched_at` (the launcher's time.time() when it started the process), the
+    first phase, `process`, is the process start itself: fork or interpreter, and the imports before the entry."""
+
+    def __init__(self, launched_at: float | None = None):
+        self.phases: dict[str, float] = {}
+        if launched_at is not None:
+            self.phases["process"] = round(max(0.0, time.time() - launched_at), 6)
+        self._last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = round(now - self._last, 6)
+        self._last = now
+
+
 def run_rank(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, launcher: str = "local",
              redirect: bool = True, argv: list[str] | None = None, resume: bool = False,
-             network: dict | None = None) -> int:
+             network: dict | None = None, launched_at: float | None = None) -> int:
     """Run one rank of a run to the end. Returns the process exit code (0: the run ended, completed, diverged or
     preempted; status.json says which).
 
     With `resume`, a checkpoint.pt in `run_dir` is continued from (metrics.jsonl is cut back to it first); without
     one the run starts at step 0. `network`: the emulated network the launcher built (Topology.describe()), recorded
-    in manifest.json. On an exception the traceback goes to the rank's log and its first line to
-    error-rank<r>.json, which the launcher reads to name the failing rank in status.json.
+    in manifest.json. `launched_at`: the launcher's time.time() when it started this process, for the `startup`
+    record. On an exception the traceback goes to the rank's log and its first line to error-rank<r>.json, which
+    the launcher reads to name the failing rank in status.json.
     """
+    startup = StartupClock(launched_at)
     run_path = Path(run_dir)
     if redirect:
         _redirect_output(run_path, rank)
     try:
-        return _run(spec_json, rank, rdzv, run_path, launcher, argv, resume, network)
+        return _run(spec_json, rank, rdzv, run_path, launcher, argv, resume, network, startup)
     except BaseException as exc:  # noqa: BLE001 - everything a rank dies of is reported
         traceback.print_exc()
         message = f"{type(exc).__name__}: {exc}".splitlines()[0][:2000]
@@ -90,7 +110,7 @@ def _load_checkpoint(spec, run_dir: Path, rank: int, comm) -> dict | None:
 
 
 def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: str, argv: list[str] | None,
-         resume: bool = False, network: dict | None = None) -> int:
+         resume: bool = False, network: dict | None = None, startup: StartupClock | None = None) -> int:
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -114,8 +134,11 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+    startup = startup or StartupClock()
+    startup.mark("setup")
     group = _init_distributed(rank, spec.world_size, rdzv, "nccl" if cuda else "gloo")
     comm = Communicator(rank, spec.world_size, group)
+    startup.mark("rendezvous")
 
     saved = _load_checkpoint(spec, run_dir, rank, comm) if resume else None
     clock = TrainClock(*((saved["train_time_s"], saved["wall_time_s"]) if saved else ()))
@@ -126,12 +149,14 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
         if saved:
             info["resumed_from_step"] = saved["step"]
         write_json(run_dir / "manifest.json", info)
+    startup.mark("files")
 
     # Same seed on every rank: identical initial weights, and identical across methods for the same workload.
     random.seed(spec.seed)
     np.random.seed(spec.seed)
     torch.manual_seed(spec.seed)
     instance = registry.WORKLOADS.get(spec.workload).instantiate(spec.workload_options, spec.data_root)
+    startup.mark("workload")
     method_cls = registry.METHODS.get(spec.method)
     params = method_cls.Params.model_validate(spec.params)
     ctx = RunContext(rank=rank, world_size=spec.world_size, device=device, workload=instance, params=params,
@@ -139,6 +164,7 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     torch.manual_seed(spec.seed)
     method = method_cls(ctx)
     torch.manual_seed(spec.seed + 1 + rank)  # per-rank stream for stochastic methods (compression, dropout)
+    startup.mark("method")
 
     loop = Loop(spec, method, instance.train, instance.test, comm, writer, clock, run_dir)
     if spec.checkpoint_every_steps and not loop.checkpointable and rank == 0:
@@ -150,6 +176,7 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     method.finish()
     writer.write("comm", bytes_by_category=comm.ledger.by_category(), seconds_by_category=dict(comm.ledger.seconds),
                  calls_by_category=dict(comm.ledger.calls))
+    writer.write("startup", seconds_by_phase=startup.phases)
     if rank == 0:
         sent, recv = comm.ledger.training_bytes()
         final = {"steps": outcome.steps, "epoch": outcome.epoch, "samples": outcome.samples,

@@ -1,0 +1,97 @@
+"""Warm rank processes: a forkserver that imports torch, the harness and the built-in methods once per launching
+process, from which every rank forks (docs/benchmarks.md, "Start-up").
+
+Each rank is still a fresh process of its own: it is forked from the server, which has only imported modules and
+has run nothing, so no run's state (RNG, process group, tensors) reaches another run. What a rank gets from the
+parent is what `spawn` gives it (sys.path, sys.argv, the working directory, the main module, through
+multiprocessing's preparation data) plus the parent's environment at the rank's start, which `process` restores
+(the server's own environment is the parent's when the server started).
+
+`DTBENCH_START_METHOD=spawn` starts every rank in a fresh interpreter instead, as before the warm start: slower (each
+rank imports torch again), for a plug-in that cannot bear a fork.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable
+from multiprocessing import forkserver
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+START_METHOD_VARIABLE = "DTBENCH_START_METHOD"
+START_METHODS = ("forkserver", "spawn")
+
+#: What every rank of every run imports, in import order. `torch._inductor.config` is imported by
+#: torch.use_deterministic_algorithms, and brings torch._dynamo, which building any torch.optim optimizer imports
+#: too (about 0.9 s here, close to a torch import); the harness modules are those the worker imports in its run.
+CORE_MODULES = (
+    "numpy", "torch", "torch.distributed", "torch._inductor.config",
+    "harness.launch.local", "harness.run.worker", "harness.run.loop", "harness.run.manifest", "harness.run.training",
+    "harness.registry", "harness.method", "harness.comm.communicator", "harness.data.workloads",
+)
+
+#: What the built-in workloads import to load their data: joblib, which holds the digits split on disk. scikit-learn
+#: (about 0.8 s) is left out: digits needs it only when that cache is cold (harness/data/sources.py), and a server
+#: imports before the first rank can start.
+DATA_MODULES = ("joblib",)
+
+_started: list[str] = []  # the preload of the forkserver this process started (empty: none started)
+
+
+def start_method() -> str:
+    """`forkserver` or `spawn`, from DTBENCH_START_METHOD; ValueError naming the variable for anything else. The
+    default is forkserver where the platform has it (Linux, macOS), else spawn."""
+    default = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    value = os.environ.get(START_METHOD_VARIABLE, "") or default
+    if value not in START_METHODS:
+        raise ValueError(f"{START_METHOD_VARIABLE}={value!r}: use one of {', '.join(START_METHODS)}")
+    return value
+
+
+def builtin_modules() -> list[str]:
+    """Every module the server preloads: the core, the built-in methods' modules, then the data libraries."""
+    from harness.registry import BUILTIN_METHODS
+
+    methods = [reference.partition(":")[0] for reference in BUILTIN_METHODS.values()]
+    return list(dict.fromkeys([*CORE_MODULES, *methods, *DATA_MODULES]))
+
+
+def start(modules: Iterable[str] | None = None) -> None:
+    """Start this process's forkserver now, preloading `modules` (default: builtin_modules()), so that it imports
+    in the background while the caller goes on; the first rank to start then waits only for what is left.
+
+    Nothing happens under DTBENCH_START_METHOD=spawn, or when this process already started one (a server's
+    preload is fixed when it starts). A module that fails to import is skipped by the server, and imported by the
+    ranks that need it, as under spawn.
+    """
+    if start_method() != "forkserver" or _started:
+        return
+    preload = ["__main__", *(builtin_modules() if modules is None else modules)]
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(preload)
+    forkserver.ensure_running()
+    _started.extend(preload)
+
+
+def context() -> BaseContext:
+    """The multiprocessing context ranks start from: the warm forkserver (started now if it is not yet), or spawn."""
+    method = start_method()
+    if method == "forkserver":
+        start()
+    return multiprocessing.get_context(method)
+
+
+def process(ctx: BaseContext, target: Callable[..., Any], args: tuple, name: str) -> BaseProcess:
+    """A process of `ctx` that runs target(*args) in this process's environment as it is now."""
+    return ctx.Process(target=run_in_environment, name=name, args=(dict(os.environ), target, args))
+
+
+def run_in_environment(environ: dict[str, str], target: Callable[..., Any], args: tuple) -> Any:
+    """Replace this process's environment by `environ`, then run target(*args). No socket and no thread is
+    created first, so a target that enters a network namespace still comes first (harness/launch/local.py)."""
+    os.environ.clear()
+    os.environ.update(environ)
+    return target(*args)
