@@ -102,7 +102,7 @@ def _heavy_ranks(rank, world_size, params, steps):
 def test_the_lanes_overlap_on_two_processes_and_are_labelled():
     """The traces show a forward and a backward of different microbatches of one stage running at the same time,
     each on its lane, at both stages; with lanes = 1 nothing overlaps."""
-    for rank, traces in enumerate(spawn(_heavy_ranks, 2, {"lanes": 2}, 3)):
+    for rank, traces in enumerate(spawn(_heavy_ranks, 2, {"lanes": 2}, 6)):
         events = [e for t in traces for e in t["events"]]
         assert {e.lane for e in events if e.op in ("forward", "recv_act", "send_act")} == {0}
         assert {e.lane for e in events if e.op in ("backward", "recv_grad", "send_grad", "update")} == {1}
