@@ -161,3 +161,18 @@ def test_generated_orders_equal_the_pipeline_schedules(stages, microbatches):
         tick = stages + 2
         expected = [(a.op.value, a.mb) for a in schedule.pipedream_tick(s, stages, tick) if a.op.value != "update"]
         assert _compute_and_messages(pipedream_order(s, stages, tick)) == expected
+
+
+def test_a_burst_shortens_each_collective_by_the_tokens_that_refilled_since_the_last():
+    # each step: 3 s of compute, then a 100-byte all-reduce over 2 ranks (100 B/s: 1 s); the 50-byte burst has
+    # refilled during the compute, so the collective takes 0.5 s, step after step
+    costs = DataParallelCosts([1.0], [2.0], 0.0, [Bucket(100, 0)])
+    assert data_parallel_step(costs, 2, Link("x", 100.0, burst_bytes=50.0)).step_s == pytest.approx(3.5)
+    assert data_parallel_step(costs, 2, Link("x", 100.0)).step_s == pytest.approx(4.0)
+
+
+def test_emulated_links_carry_the_emulations_tbf_burst():
+    assert link_of("100mbit").burst_bytes == 0.0
+    assert link_of("100mbit", emulated=True).burst_bytes == pytest.approx(96 * 1024 * WIRE_EFFICIENCY)
+    assert link_of("100gbit", emulated=True).burst_bytes == pytest.approx(100e9 / 8 / 1000 * WIRE_EFFICIENCY)
+    assert link_of("unlimited", emulated=True).burst_bytes == 0.0

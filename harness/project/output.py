@@ -72,7 +72,8 @@ def write_validation(suite, settings: Settings, out: Path) -> pd.DataFrame:
     columns = ["label", "world_size", "network", "measured_step_s", "projected_step_s", "step_error",
                "measured_time_to_target_s", "projected_time_to_target_s", "time_to_target_error"]
     terms = [c for c in ("measured_compression_s", "projected_compression_s", "measured_comm_s", "projected_comm_s",
-                         "measured_bubble", "projected_bubble") if c in validation.columns]
+                         "measured_busy_s", "projected_busy_s", "measured_bubble", "projected_bubble")
+             if c in validation.columns]
     shown = validation[columns + terms].copy()
     for column in shown.columns:
         if column.endswith("_error"):

@@ -7,14 +7,16 @@ import math
 import statistics
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 
 from harness.project.dpmodel import DataParallelModel
 from harness.project.measured import RunMeasure, config_label
 from harness.project.model import Projected
 from harness.project.pipemodel import PipelineModel, stage_ranges
+from harness.project.simulate import SENDS
 from harness.project.suite import CalibratedSuite, Calibration, Settings, shape
-from harness.trace import step_bubble
+from harness.trace import COMPUTE_OPS, step_bubble
 
 PROJECTION_COLUMNS = ("method", "label", "world_size", "network", "batch_size", "step_time_s", "samples_per_s",
                       "time_to_target_s", "compute_s", "compression_s", "exposed_comm_s", "bubble_s", "other_s",
@@ -73,16 +75,28 @@ def choose_baseline(suite: CalibratedSuite, requested: str | None) -> str | None
     return next((c.model.label for c in suite.calibrations if c.model.method == "ddp"), labels[0] if labels else None)
 
 
+def traced_steps(run: RunMeasure) -> list[int]:
+    """The traced steps, without step 1 (the warm-up) when there are others."""
+    return [s for s in sorted(run.traces) if not (s == 1 and len(run.traces) > 1)]
+
+
 def measured_bubble(run: RunMeasure) -> float:
-    """Median over the traced steps (without step 1 when there are others) of harness.trace.step_bubble."""
-    steps = [s for s in sorted(run.traces) if not (s == 1 and len(run.traces) > 1)]
-    values = [step_bubble(list(run.traces[s].values())) for s in steps]
+    """Median over the traced steps of harness.trace.step_bubble."""
+    values = [step_bubble(list(run.traces[s].values())) for s in traced_steps(run)]
     return statistics.median(values) if values else math.nan
+
+
+def measured_busy(run: RunMeasure) -> float:
+    """The run's quantile over the traced steps of the mean busy time of a rank (compute and sends), as the
+    simulator's compute part counts it."""
+    values = [statistics.fmean(sum(e.duration for e in events if e.op in COMPUTE_OPS or e.op in SENDS)
+                               for events in run.traces[s].values()) for s in traced_steps(run)]
+    return float(np.quantile(values, run.quantile)) if values else math.nan
 
 
 def terms(calibration: Calibration, runs: list[RunMeasure], projected: Projected, world_size: int) -> dict:
     """Measured against projected per term where the runs measured it: compression compute (compress + decode),
-    communication (launch to arrival, summed over buckets), and a pipeline's bubble."""
+    communication (launch to arrival, summed over buckets), and a pipeline's busy time per rank and bubble."""
     model = calibration.model
     out: dict[str, float] = {}
     if isinstance(model, DataParallelModel):
@@ -96,6 +110,8 @@ def terms(calibration: Calibration, runs: list[RunMeasure], projected: Projected
         out["measured_comm_s"] = statistics.fmean(comm) if comm else math.nan
         out["projected_comm_s"] = projected.parts.comm_s
     else:
+        out["measured_busy_s"] = statistics.fmean(measured_busy(m) for m in runs)
+        out["projected_busy_s"] = projected.parts.compute_s
         out["measured_bubble"] = statistics.fmean(measured_bubble(m) for m in runs)
         out["projected_bubble"] = projected.bubble
     return out
