@@ -176,3 +176,45 @@ def test_emulated_links_carry_the_emulations_tbf_burst():
     assert link_of("100mbit", emulated=True).burst_bytes == pytest.approx(96 * 1024 * WIRE_EFFICIENCY)
     assert link_of("100gbit", emulated=True).burst_bytes == pytest.approx(100e9 / 8 / 1000 * WIRE_EFFICIENCY)
     assert link_of("unlimited", emulated=True).burst_bytes == 0.0
+
+
+def test_profiling_measures_every_block_at_every_size_and_leaves_the_model_as_it_was():
+    from harness.project.profile import profile_model
+
+    model = mlp(8, 16, 1, 3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    costs = profile_model(list(model), torch.randn(5, 8), [1, 4], repeats=2, warmup=1)
+    assert costs.batch_sizes == (1, 4)
+    assert [len(row) for row in costs.forward_s] == [2, 2] and [len(row) for row in costs.backward_s] == [2, 2]
+    assert all(t > 0 for row in costs.forward_s + costs.backward_s for t in row)
+    assert costs.activation_bytes == (16 * 4, 3 * 4)  # per sample
+    assert costs.param_bytes == ((16 * 8 * 4, 16 * 4), (3 * 16 * 4, 3 * 4))
+    assert costs.optimizer_s > 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_step_seconds_takes_a_quantile_per_payload_group_weighted_by_its_steps():
+    import pandas as pd
+
+    from harness.project.measured import step_seconds
+
+    # rank 0: steps 2..7 take 1, 1, 9 (a burst of other work), 1 s at payload 0.5, then 3, 3 s at payload 0.1
+    times = [0, 1, 2, 11, 12, 15, 18]
+    ratios = [0.5, 0.5, 0.5, 0.5, 0.5, 0.1, 0.1]
+    train = pd.DataFrame({"rank": 0, "step": range(1, 8), "train_time_s": times,
+                          "payload_bytes": [r * 100 for r in ratios], "dense_bytes": 100})
+    value, steps = step_seconds(train)
+    assert steps == 7
+    assert value == pytest.approx((1.0 * 4 + 3.0 * 2) / 6)  # medians 1 and 3, weighted 4:2
+    slow = train.assign(rank=1, train_time_s=[2 * t for t in times])
+    assert step_seconds(pd.concat([train, slow]))[0] == pytest.approx(2 * value)  # the slowest rank
+
+
+def test_crossings_find_where_the_gap_changes_sign():
+    from harness.project.crossover import SCAN_BPS, crossings, rate_text
+
+    roots = crossings(lambda bps: 1 / bps - 1 / 370e6, SCAN_BPS)
+    assert roots == pytest.approx([370e6], rel=1e-5)
+    assert crossings(lambda bps: 1.0, SCAN_BPS) == []
+    assert rate_text(370e6) == "370mbit" and rate_text(2.5e9) == "2.5gbit"

@@ -182,6 +182,25 @@ def test_the_grid_has_every_configuration_at_every_size_and_network(suite):
     assert link_of("1gbit").bandwidth < link_of("10gbit").bandwidth
 
 
+def test_crossovers_are_found_against_the_baseline(suite):
+    from harness.net.spec import parse_rate
+    from harness.project.crossover import crossover_table, step_at
+
+    calibrated = calibrate_suite(suite, Settings(), suite / "report")
+    table = crossover_table(calibrated, [2, 64], Settings(), "ddp").set_index(["label", "world_size"])
+    assert set(table.index.get_level_values("label")) == {"qsgd bits=4", "gpipe microbatches=4"}
+    assert table.loc[("gpipe microbatches=4", 64), "throughput_crossover"] == "not projected"
+    qsgd = table.loc[("qsgd bits=4", 2)]
+    # slower links favour the smaller payload, faster ones ddp (no compression compute): one crossover between
+    assert qsgd["faster_at_slowest"] and not qsgd["faster_at_fastest"]
+    rate = parse_rate(qsgd["throughput_crossover"])
+    calibration = {c.model.label: c for c in calibrated.calibrations}
+    def per_sample(label, bps):
+        return step_at(calibration[label], 2, bps, Settings()) / 128
+    assert per_sample("qsgd bits=4", rate / 2) < per_sample("ddp", rate / 2)
+    assert per_sample("qsgd bits=4", rate * 2) > per_sample("ddp", rate * 2)
+
+
 def test_the_verb_writes_projection_and_validation_files(suite, capsys):
     assert main(["project", str(suite), "--world-sizes", "2,8", "--network", "1gbit,10gbit", "--validate"]) == 0
     report = suite / "report"
@@ -201,6 +220,7 @@ def test_the_verb_writes_projection_and_validation_files(suite, capsys):
     (["--network", "fast"], "rate 'fast'"), (["--world-sizes", "2,x"], "--world-sizes"),
     (["--world-sizes", "0"], "--world-sizes"), (["--latency", "3"], "latency"),
     (["--baseline", "nope"], "--baseline 'nope'"), (["--calibrate-on", "300mbit"], "no run on network"),
+    (["--quantile", "1.5"], "--quantile"), (["--calibration-world-size", "4"], "no run with world size 4"),
 ])
 def test_bad_input_is_one_line_and_exit_2(suite, capsys, args, message):
     before = sorted(p.name for p in (suite / "report").iterdir())
