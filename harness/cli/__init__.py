@@ -8,11 +8,11 @@ import signal
 import sys
 import threading
 
-from harness.cli import claims, jobs, netcheck, report, run
+from harness.cli import claims, jobs, netcheck, project, report, run
 from harness.cli.common import EPILOG
 
 #: Verb modules, in the order `dtbench --help` lists them. Each has add(verbs) and sets `handler` on its parsers.
-VERBS = (run, jobs, report, claims, netcheck)
+VERBS = (run, jobs, report, claims, netcheck, project)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -41,7 +41,7 @@ def net_check(args: argparse.Namespace, argv: list[str]) -> int:
     problem = requirements_problem(args.network)
     if problem:
         return fail(problem)
-    from harness.netcheck import format_table, measure
+    from harness.net.check import format_table, measure
 
     try:
         checks = measure(args.network, args.world_size, int(args.size_mb * 2**20), args.repeats)

@@ -37,6 +37,6 @@ class FP16(DDP):
 
     def train_step(self, batch: Batch) -> StepStats:
         stats = super().train_step(batch)
-        stats.extra.update(bytes_record(self._dense_bytes, self._payload_bytes))
+        stats.extra.update(bytes_record(self._dense_bytes, self._payload_bytes), collective="all_reduce")
         self._payload_bytes = self._dense_bytes = 0
         return stats

@@ -24,7 +24,8 @@ class CompressedDDP(DDP):
     """DDP with a CompressionHook. Subclasses say which compressor and memory; the rest is shared.
 
     Train records gain, per step and rank: compress_s, communicate_s, decompress_s, dense_bytes, payload_bytes and
-    compression_ratio (dense fp32 bytes / bytes handed to the collective).
+    compression_ratio (dense fp32 bytes / bytes handed to the collective), and collective (all_reduce when the
+    payloads sum, else all_gather: what a projection to other world sizes needs).
     """
 
     family = "data-parallel-compressed"
@@ -51,6 +52,7 @@ class CompressedDDP(DDP):
     def train_step(self, batch: Batch) -> StepStats:
         stats = super().train_step(batch)
         stats.extra.update(self.hook.stats.pop())
+        stats.extra["collective"] = "all_reduce" if self.compressor.sums else "all_gather"
         return stats
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""What-if projection: step time and time to target at other world sizes and networks, from measured costs."""

@@ -1,0 +1,225 @@
+"""The pipeline cost model of one configuration: its traced step (actions, measured durations, message sizes) run
+through the simulator on other links, or, for gpipe, 1f1b and pipedream, a generated order at other stage counts,
+batch and microbatch sizes with per-block costs; calibrated on its measured runs."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from harness.project.dataparallel import StepParts
+from harness.project.links import Link
+from harness.project.measured import RunMeasure
+from harness.project.model import Projected
+from harness.project.orders import GENERATED, StageCosts, pipeline_tasks
+from harness.project.profile import BlockCosts
+from harness.project.simulate import SENDS, Task, busy_s, period_s, simulate, simulated_bubble
+
+#: Consecutive steps simulated to reach the steady state (the period is taken over the second half).
+SIMULATED_STEPS = 8
+FREE = Link("free", math.inf, 0.0)
+
+
+def uniform_ranges(blocks: int, stages: int) -> list[tuple[int, int]]:
+    """`stages` contiguous [start, end) block ranges as equal as possible, earlier stages taking the extra blocks
+    (the pipelines' 'uniform' partition)."""
+    base, extra = divmod(blocks, stages)
+    ranges, start = [], 0
+    for index in range(stages):
+        end = start + base + (1 if index < extra else 0)
+        ranges.append((start, end))
+        start = end
+    return ranges
+
+
+def repeat(template: Sequence[Sequence[Task]], steps: int, shift: int) -> list[list[Task]]:
+    """The traced step's tasks (ranks x tasks) for `steps` consecutive steps, microbatch ids (and sync rounds)
+    shifted by `shift` per step so messages never mix steps; an update (mb -1) keeps its id."""
+    return [[Task(t.op, t.stage, t.mb + r * shift if t.mb >= 0 else t.mb, t.duration_s, t.nbytes, t.iteration, r)
+             for r in range(steps) for t in rank] for rank in template]
+
+
+def run_tasks(ranks: list[list[Task]], link: Link) -> tuple[float, float, float, float]:
+    """(period, period on a free link, mean busy time per rank, bubble) of simulated steps."""
+    spans = simulate(ranks, link)
+    free = simulate(ranks, FREE)
+    last = SIMULATED_STEPS - 1
+    return period_s(spans), period_s(free), busy_s(spans, last), simulated_bubble(spans, last)
+
+
+@dataclass
+class PipelineModel:
+    """One pipeline configuration, calibrated. template: the traced step as tasks (ranks x tasks) with median
+    durations and measured message bytes; overhead_s: the measured step minus the simulated one (runner work between
+    steps); for generated orders, per-block forward/backward scales (in-run / profiled, per calibration stage),
+    update seconds per block, a send's local seconds and the wire's bytes per activation byte."""
+
+    label: str
+    method: str
+    batch_size: int
+    microbatches: int
+    world_size: int
+    ranges: list[tuple[int, int]]
+    template: list[list[Task]]
+    shift: int
+    overhead_s: float = 0.0
+    profile: BlockCosts | None = None
+    forward_scale: list[float] = field(default_factory=list)
+    backward_scale: list[float] = field(default_factory=list)
+    update_s: list[float] = field(default_factory=list)
+    send_s: float = 0.0
+    wire_ratio: float = 1.0
+    generated_overhead_s: float = math.nan
+    notes: list[str] = field(default_factory=list)
+
+    def same_shape(self, world_size: int, batch: int, microbatches: int, ranges: list[tuple[int, int]] | None
+                   ) -> bool:
+        return (world_size, batch, microbatches) == (self.world_size, self.batch_size, self.microbatches) and (
+            ranges is None or list(ranges) == list(self.ranges))
+
+    def stage_costs(self, ranges: Sequence[tuple[int, int]], microbatch: float) -> tuple[list[StageCosts], bool]:
+        """Per stage of `ranges`: the blocks' profiled costs at `microbatch` samples times their scales."""
+        assert self.profile is not None
+        forward, backward, extrapolated = self.profile.at(microbatch)
+        stages = []
+        for start, end in ranges:
+            blocks = range(start, end)
+            stages.append(StageCosts(
+                sum(forward[b] * self.forward_scale[b] for b in blocks),
+                sum(backward[b] * self.backward_scale[b] for b in blocks),
+                sum(self.update_s[b] for b in blocks), self.send_s,
+                self.profile.activation_bytes[end - 1] * microbatch * self.wire_ratio))
+        return stages, extrapolated
+
+    def generated(self, world_size: int, batch: int, microbatches: int,
+                  ranges: Sequence[tuple[int, int]] | None) -> tuple[list[list[Task]], list[str]]:
+        """Tasks of a generated order (one stage per rank) and notes; ValueError when none can be made."""
+        if self.method not in GENERATED:
+            raise ValueError(f"{self.method}: no generated order at another shape (only {', '.join(GENERATED)})")
+        if self.profile is None or not self.forward_scale:
+            raise ValueError("no block costs to re-shape the pipeline")
+        if ranges is None:
+            if world_size > self.profile.blocks:
+                raise ValueError(f"{world_size} stages need at least {world_size} blocks "
+                                 f"(the model has {self.profile.blocks})")
+            ranges = uniform_ranges(self.profile.blocks, world_size)
+        count = 1 if self.method == "pipedream" else microbatches
+        stages, extrapolated = self.stage_costs(ranges, batch / count)
+        notes = [f"microbatch {batch / count:g} outside the profiled sizes: compute extrapolated"] if extrapolated \
+            else []
+        return pipeline_tasks(self.method, stages, count, SIMULATED_STEPS), notes
+
+    def project(self, world_size: int, link: Link, batch: int | None = None, microbatches: int | None = None,
+                ranges: list[tuple[int, int]] | None = None) -> Projected:
+        """The traced step on `link` when the shape is the calibration's, else a generated order."""
+        batch, microbatches = batch or self.batch_size, microbatches or self.microbatches
+        notes = list(self.notes)
+        if self.same_shape(world_size, batch, microbatches, ranges):
+            ranks, overhead = repeat(self.template, SIMULATED_STEPS, self.shift), self.overhead_s
+        else:
+            try:
+                ranks, more = self.generated(world_size, batch, microbatches, ranges)
+            except ValueError as exc:
+                return Projected.missing(str(exc))
+            overhead = self.generated_overhead_s
+            notes += more + ["generated order: per-block costs at the new microbatch"]
+        period, free, busy, bubble = run_tasks(ranks, link)
+        step = period + overhead
+        parts = StepParts(step_s=step, compute_s=busy, exposed_comm_s=period - free, bubble_s=free - busy,
+                          other_s=overhead)
+        return Projected(parts, bubble, notes)
+
+
+def template_tasks(measure: RunMeasure) -> tuple[list[list[Task]], int]:
+    """The last traced step as tasks per worker, with each (worker, op, stage)'s duration over the traced steps
+    (the measure's quantile, the median by default), and the shift of microbatch ids from one step to the next (a
+    stage's forwards per step)."""
+    durations = measure.durations()
+    step = measure.traces[max(measure.traces)]
+    param_bytes = stage_param_bytes(measure)
+    ranks = []
+    for worker in sorted(step):
+        tasks = []
+        for e in step[worker]:
+            if e.op in SENDS:
+                nbytes = measure.message_bytes.get((SENDS[e.op], e.stage), 0.0)
+            else:
+                nbytes = param_bytes.get(e.stage, 0.0) if e.op == "sync_grads" else 0.0
+            own = durations[(worker, e.op, e.stage)] if e.op not in ("recv_act", "recv_grad", "sync_grads") else 0.0
+            tasks.append(Task(e.op, e.stage, e.mb, own, nbytes, e.iteration))
+        ranks.append(tasks)
+    forwards: dict[tuple[int, int], list[int]] = {}
+    for events in step.values():
+        for e in events:
+            if e.op == "forward":
+                forwards.setdefault((e.stage, e.iteration), []).append(e.mb)
+    shift = max((max(mbs) - min(mbs) + 1 for mbs in forwards.values()), default=1)
+    return ranks, shift
+
+
+def stage_ranges(measure: RunMeasure) -> list[tuple[int, int]]:
+    """Each stage's [start, end) blocks, from partition.json."""
+    stages = (measure.partition or {}).get("stages") or []
+    return [(int(s["blocks"][0]), int(s["blocks"][1])) for s in stages]
+
+
+def stage_param_bytes(measure: RunMeasure) -> dict[int, float]:
+    """Bytes of each stage's parameters (what a sync_grads all-reduces), from partition.json's block profiles."""
+    profiles = (measure.partition or {}).get("profiles") or []
+    if not profiles:
+        return {}
+    return {s: float(sum(profiles[b]["param_bytes"] for b in range(a, e)))
+            for s, (a, e) in enumerate(stage_ranges(measure))}
+
+
+def calibrate_pipeline(measures: Sequence[RunMeasure], profile: BlockCosts | None, link: Link) -> PipelineModel:
+    """From the seeds of one pipeline configuration at the calibration world size and network: the traced step of
+    the first seed as the template, the overhead that makes the simulation meet the mean measured step, and (with a
+    profile) the per-block scales for generated orders."""
+    first = measures[0]
+    template, shift = template_tasks(first)
+    ranges = stage_ranges(first)
+    model = PipelineModel(first.label, str(first.spec.get("method")), first.batch_size, first.microbatches,
+                          first.world_size, ranges, template, shift, profile=profile)
+    measured = statistics.fmean(m.step_s for m in measures)
+    model.overhead_s = measured - run_tasks(repeat(template, SIMULATED_STEPS, shift), link)[0]
+    if profile is None or not ranges or ranges[-1][1] != profile.blocks:
+        model.notes.append("no block costs matching the partition: projections keep the traced shape")
+        return model
+    fit_blocks(model, first, profile)
+    if model.method in GENERATED and len(set(model.ranges)) == len(model.ranges) == model.world_size:
+        ranks, _ = model.generated(model.world_size, model.batch_size, model.microbatches, model.ranges)
+        model.generated_overhead_s = measured - run_tasks(ranks, link)[0]
+    return model
+
+
+def fit_blocks(model: PipelineModel, measure: RunMeasure, profile: BlockCosts) -> None:
+    """Per-block scales (each calibration stage's median measured forward, backward per microbatch over its
+    profiled sum at that microbatch), update seconds spread over a stage's blocks by parameter bytes, the median
+    send's local seconds, and the measured bytes per message over the profiled activation bytes."""
+    durations = measure.durations()
+    count = 1 if model.method == "pipedream" else model.microbatches
+    microbatch = model.batch_size / count
+    forward, backward, _ = profile.at(microbatch)
+    blocks = profile.blocks
+    model.forward_scale, model.backward_scale, model.update_s = [1.0] * blocks, [1.0] * blocks, [0.0] * blocks
+    for s, (start, end) in enumerate(model.ranges):
+        span = range(start, end)
+        for op, profiled, scales in (("forward", forward, model.forward_scale),
+                                     ("backward", backward, model.backward_scale)):
+            times = [t for (w, o, st), t in durations.items() if o == op and st == s]
+            total = sum(profiled[b] for b in span)
+            for b in span:
+                scales[b] = statistics.median(times) / total if times and total > 0 else 1.0
+        updates = [t for (w, o, st), t in durations.items() if o == "update" and st == s]
+        weights = [sum(profile.param_bytes[b]) for b in span]
+        for b, weight in zip(span, weights, strict=True):
+            model.update_s[b] = (statistics.median(updates) if updates else 0.0) * (
+                weight / sum(weights) if sum(weights) else 1 / len(weights))
+    sends = [t for (w, o, st), t in durations.items() if o in SENDS]
+    model.send_s = statistics.median(sends) if sends else 0.0
+    wire = [measure.message_bytes[("act", s)] / (profile.activation_bytes[end - 1] * microbatch)
+            for s, (_, end) in enumerate(model.ranges[:-1]) if ("act", s) in measure.message_bytes]
+    model.wire_ratio = statistics.median(wire) if wire else 1.0
