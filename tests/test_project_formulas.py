@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _dist import spawn
 from harness.data.models import mlp
 from harness.project.dataparallel import Bucket, DataParallelCosts, data_parallel_step, ddp_buckets
 from harness.project.links import (
@@ -21,7 +22,6 @@ from harness.project.links import (
 from harness.project.orders import gpipe_order, one_f_one_b_order, pipedream_order
 from harness.project.pipemodel import uniform_ranges
 from harness.project.profile import BlockCosts, default_batch_sizes
-from tests._dist import spawn
 
 LINK = Link("test", bandwidth=100.0, alpha_s=0.01)  # 100 bytes/s, 10 ms per message
 
