@@ -143,9 +143,11 @@ class BoundaryStage(nn.Module):
         if len(self.in_shapes) == 1:
             args = [x]
         else:
+            # Each part is copied out contiguous: a strided, unaligned slice of the payload could send a layer down
+            # another BLAS kernel than the whole model takes (MKL's results may depend on operand layout).
             sizes = [math.prod(s) for s in self.in_shapes]
-            args = [part.reshape(n, *shape) for part, shape in zip(torch.split(x, sizes, dim=1), self.in_shapes,
-                                                                   strict=True)]
+            args = [part.reshape(n, *shape).contiguous()
+                    for part, shape in zip(torch.split(x, sizes, dim=1), self.in_shapes, strict=True)]
         outs = self.body(*args)
         if len(self.out_shapes) == 1:
             return outs[0]
