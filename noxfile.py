@@ -29,7 +29,11 @@ def install(session: nox.Session, extras: str) -> None:
     if marker.exists() and marker.read_text() == digest.hexdigest():
         session.log("dependencies unchanged since the last install; skipping pip")
         return
-    session.install("-c", "constraints.txt", "-e", f".[{extras}]" if extras else ".")
+    session.log(f"installing dtbench[{extras}] and its pinned dependencies (torch among them) into "
+                f"{session.virtualenv.location}: a few minutes the first time, skipped afterwards")
+    # pip's own progress lines show (nox hides a command's output by default), so a long install is not silent.
+    session.install("-c", "constraints.txt", "-e", f".[{extras}]" if extras else ".", "--progress-bar", "off",
+                    silent=False)
     marker.write_text(digest.hexdigest())
 
 
@@ -39,8 +43,27 @@ def smoke(session: nox.Session) -> None:
     install(session, "")
     session.env.update({"MPLBACKEND": "Agg"})
     out = session.posargs[0] if session.posargs else "results"
-    session.run("dtbench", "run", "suites/smoke.toml", "--out", out)
+    # Exit 1 (some run failed or diverged) still gets its report, which lists the failures; the session fails after.
+    session.run("dtbench", "run", "suites/smoke.toml", "--out", out, success_codes=[0, 1])
     session.run("dtbench", "report", f"{out}/smoke")
+    bad = _unfinished_runs(Path(out) / "smoke")
+    if bad:
+        session.error(f"{len(bad)} smoke runs did not complete (the report lists them): " + "; ".join(bad))
+
+
+def _unfinished_runs(suite_dir: Path) -> list[str]:
+    """'<run id>: <state>' for every run folder of suite_dir whose status.json does not say completed."""
+    import json
+
+    bad = []
+    for spec in sorted(suite_dir.glob("*/spec.json")):
+        try:
+            state = json.loads((spec.parent / "status.json").read_text()).get("state")
+        except (OSError, ValueError):
+            state = "no status.json"
+        if state != "completed":
+            bad.append(f"{spec.parent.name}: {state}")
+    return bad
 
 
 @nox.session

@@ -237,7 +237,7 @@ def test_the_layer_split_of_a_branching_model_equals_the_model():
         for module in clone:
             h = module(h)
         # The same operations on the same values; equal up to the last bit a BLAS kernel may round differently.
-        torch.testing.assert_close(h, expected, rtol=1e-6, atol=1e-7, msg=lambda m: f"{prefixes}: {m}")
+        torch.testing.assert_close(h, expected, rtol=1e-6, atol=1e-7, msg=lambda m, cut=prefixes: f"{cut}: {m}")
         h.sum().backward()
         got = dict(p for m in clone for p in m.named_parameters())
         for name, grad in grads.items():

@@ -15,8 +15,10 @@ def add(verbs) -> None:
         "status", help="show the state of each run of a suite's results",
         description="One line per run of SUITE_DIR: its state (pending, running, requeued, preempted, completed, "
                     "failed, diverged) from status.json and, for SLURM runs, the scheduler (squeue/sacct or the "
-                    "site's names for them), with the job id and the step or error.")
-    status.add_argument("suite_dir", type=Path, help="a suite's results folder, e.g. results/smoke")
+                    "site's names for them), with the job id and the step or error. Given a folder of suites "
+                    "(e.g. results), one line per suite with its count of runs in each state.")
+    status.add_argument("suite_dir", type=Path,
+                        help="a suite's results folder, e.g. results/smoke, or a folder of them, e.g. results")
     status.set_defaults(handler=status_verb)
 
     wait = verbs.add_parser(
@@ -36,7 +38,18 @@ def status_verb(args: argparse.Namespace, argv: list[str]) -> int:
     if not args.suite_dir.is_dir():
         return fail(f"{args.suite_dir}: no such results folder")
     rows = suite_states(args.suite_dir)
-    print(format_table(rows))
+    if rows:
+        print(format_table(rows))
+        return 0
+    suites = [d for d in sorted(args.suite_dir.iterdir()) if d.is_dir() and any(d.glob("*/spec.json"))]
+    if not suites:
+        print(f"no runs in {args.suite_dir} (a suite's folder holds <run id>/spec.json, e.g. results/smoke)")
+        return 0
+    from harness.launch.jobs import format_suites
+
+    print(format_suites({d.name: suite_states(d) for d in suites}))
+    print(f"{len(suites)} suites in {args.suite_dir}; `dtbench status {args.suite_dir / suites[0].name}` lists a "
+          "suite's runs")
     return 0
 
 

@@ -25,6 +25,13 @@ def ring_all_gather_bytes(nbytes: int, world_size: int) -> int:
     return (world_size - 1) * nbytes
 
 
+def _all_gather_single(output: torch.Tensor, tensor: torch.Tensor, **kwargs: Any) -> Any:
+    """torch's flat all-gather under its current name: all_gather_single (torch >= 2.14 warns that
+    all_gather_into_tensor, the older name of the same collective, is deprecated)."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, tensor, **kwargs)
+
+
 @dataclass
 class Ledger:
     """Cumulative bytes, seconds and call counts per category for one rank."""
@@ -140,9 +147,9 @@ class Communicator:
             return _done_future(output) if async_op else None
         if async_op:
             start = time.perf_counter()
-            work = dist.all_gather_into_tensor(output, tensor, group=self.group, async_op=True)
+            work = _all_gather_single(output, tensor, group=self.group, async_op=True)
             return self._track_future(category, work.get_future(), start)
-        return self._timed(category, lambda: dist.all_gather_into_tensor(output, tensor, group=self.group))
+        return self._timed(category, lambda: _all_gather_single(output, tensor, group=self.group))
 
     def broadcast(self, tensor: torch.Tensor, src: int, category: str) -> None:
         n = tensor.numel() * tensor.element_size()

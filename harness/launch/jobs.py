@@ -128,3 +128,16 @@ def format_table(rows: list[RunState]) -> str:
     lines = [f"{'run':<{width}}  {'state':<9}  {'job':<10}  detail"]
     lines += [f"{r.run_id:<{width}}  {r.state:<9}  {r.job_id or '-':<10}  {r.detail}" for r in rows]
     return "\n".join(lines)
+
+
+def format_suites(suites: dict[str, list[RunState]]) -> str:
+    """One line per suite: its run count and how many runs are in each state."""
+    width = max(len(name) for name in suites)
+    lines = [f"{'suite':<{width}}  {'runs':>4}  states"]
+    for name, rows in suites.items():
+        counts: dict[str, int] = {}
+        for row in rows:
+            counts[row.state] = counts.get(row.state, 0) + 1
+        states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        lines.append(f"{name:<{width}}  {len(rows):>4}  {states}")
+    return "\n".join(lines)

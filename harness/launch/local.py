@@ -42,6 +42,7 @@ def _entry(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, argv: list
     # SIGUSR2 on any rank (from a batch system, or a person) stops the run after a checkpoint: state preempted,
     # and `dtbench run --resume` goes on from there.
     STOP.install(stop_on=(signal.SIGUSR2,))
+    warm.release_stop_signals()  # one that came while the rank was starting is handled now
     code = run_rank(spec_json, rank, rdzv, run_dir, "local", True, argv, resume=resume, network=network_info,
                     launched_at=launched_at)
     # Leave without the interpreter's teardown: every file is written and closed and the process group destroyed,
@@ -107,8 +108,9 @@ def _launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None
     procs = [warm.process(ctx, _entry, (spec_json, r, rdzv, str(run_dir), argv, resume,
                                         topology and topology.ranks[r], info, launched_at), f"rank{r}")
              for r in range(spec.world_size)]
-    for p in procs:
-        p.start()
+    with warm.held_stop_signals():  # a spawned rank inherits the mask (forked ones get the server's)
+        for p in procs:
+            p.start()
     write_status(run_dir, "running", pids={str(r): p.pid for r, p in enumerate(procs)})
     tail = MetricsTail(run_dir / "metrics.jsonl")
     failure: dict | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,19 @@ def resumable(run_dir: Path, spec: RunSpec) -> bool:
     return same and (run_dir / CHECKPOINT_FILE).exists()
 
 
+def replaced_note(specs: list[RunSpec], out: Path) -> str | None:
+    """The line a new run of a suite prints when it replaces earlier results: how many of its runs' folders already
+    exist (each is removed when its run starts) and when they last ran; None when none does. Folders of runs that
+    are not in `specs` are left alone."""
+    earlier = [out / s.suite / s.run_id for s in specs if (out / s.suite / s.run_id).is_dir()]
+    if not earlier:
+        return None
+    newest = max(p.stat().st_mtime for p in earlier)
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(newest))
+    return (f"{out / specs[0].suite}: replaces the results of {len(earlier)} of these {len(specs)} runs from an "
+            f"earlier run (last written {when}); use --resume to keep completed runs, or another --out")
+
+
 def run_specs(specs: list[RunSpec], out: Path, resume: bool = False, argv: list[str] | None = None,
               suite_file: Path | None = None, show_progress: bool = True) -> list[RunOutcome]:
     """Run every spec in order with the local launcher. A failed run is reported and the suite goes on.
@@ -59,6 +73,10 @@ def run_specs(specs: list[RunSpec], out: Path, resume: bool = False, argv: list[
     others start over.
     """
     outcomes: list[RunOutcome] = []
+    if not resume and specs:
+        note = replaced_note(specs, out)
+        if note:
+            tqdm.write(note)
     if suite_file is not None and specs:
         (out / specs[0].suite).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(suite_file, out / specs[0].suite / "suite.toml")

@@ -13,9 +13,11 @@ rank imports torch again), for a plug-in that cannot bear a fork.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
-from collections.abc import Callable, Iterable
+import signal
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
@@ -37,6 +39,9 @@ CORE_MODULES = (
 #: (about 0.8 s) is left out: digits needs it only when that cache is cold (harness/data/sources.py), and a server
 #: imports before the first rank can start.
 DATA_MODULES = ("joblib",)
+
+#: The signals that ask a rank to stop after a checkpoint (harness/run/checkpoint.py's STOP handles them).
+STOP_SIGNALS = frozenset({signal.SIGUSR2})
 
 _started: list[str] = []  # the preload of the forkserver this process started (empty: none started)
 
@@ -72,7 +77,8 @@ def start(modules: Iterable[str] | None = None) -> None:
     preload = ["__main__", *(builtin_modules() if modules is None else modules)]
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(preload)
-    forkserver.ensure_running()
+    with held_stop_signals():  # the server inherits the mask, and every rank it forks
+        forkserver.ensure_running()
     _started.extend(preload)
 
 
@@ -82,6 +88,24 @@ def context() -> BaseContext:
     if method == "forkserver":
         start()
     return multiprocessing.get_context(method)
+
+
+@contextlib.contextmanager
+def held_stop_signals() -> Iterator[None]:
+    """Block the stop signals (STOP_SIGNALS) in this thread while processes are started from it: a process started
+    meanwhile (the forkserver, so every rank it forks, or a spawned rank) begins with them blocked, so one that
+    arrives before the rank has installed its handler waits, pending, instead of killing it (the default action of
+    SIGUSR2). The rank unblocks them once its handler is in place (release_stop_signals)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def release_stop_signals() -> None:
+    """In a rank, after its stop handler is installed: deliver the stop signals, a pending one at once."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def process(ctx: BaseContext, target: Callable[..., Any], args: tuple, name: str) -> BaseProcess:

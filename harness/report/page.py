@@ -64,6 +64,22 @@ def table_html(frame: pd.DataFrame) -> str:
     return frame.to_html(index=False, escape=True, na_rep="", border=0,
                          float_format=lambda value: format(value, ".4g"))
 
+def failures_html(failed: pd.DataFrame) -> str:
+    """The list of runs that did not complete (run_id, label, state, rank, message), each named once, escaped; the
+    rank is said once (a message that starts with it says it already)."""
+    e = html.escape
+    if failed.empty:
+        return "<p>Every run completed.</p>"
+    items = "\n".join(
+        f'<li class="failure"><b>{e(str(row.run_id))}</b> ({e(str(row.label))}): {e(str(row.state))}'
+        + ("" if pd.isna(row.rank) or str(row.message or "").startswith(f"rank {row.rank}")
+           else f", rank {e(str(row.rank))}")
+        + (f": {e(str(row.message))}" if row.message else "") + "</li>"
+        for row in failed.itertuples()
+    )
+    return f"<ul>\n{items}\n</ul>"
+
+
 def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.DataFrame,
                 failed: pd.DataFrame, images: dict[str, bytes], scope: str, sections: Sequence[str] = (),
                 baseline: tuple[str, str] | None = None, warnings: Sequence[str] = ()) -> str:
@@ -79,16 +95,7 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
         f"<figcaption>{e(name)}</figcaption></figure>"
         for name, png in images.items()
     )
-    if failed.empty:
-        failures_html = "<p>Every run completed.</p>"
-    else:
-        items = "\n".join(
-            f'<li class="failure"><b>{e(str(row.run_id))}</b> ({e(str(row.label))}): {e(str(row.state))}'
-            + ("" if pd.isna(row.rank) else f", rank {e(str(row.rank))}")
-            + (f": {e(str(row.message))}" if row.message else "") + "</li>"
-            for row in failed.itertuples()
-        )
-        failures_html = f"<ul>\n{items}\n</ul>"
+    failures = failures_html(failed)
     completed = int((table["state"] == "completed").sum())
     baseline_html = (f" Baseline for comparisons: <b>{e(baseline[0])}</b> ({e(baseline[1])})." if baseline else "")
     return f"""<!DOCTYPE html>
@@ -112,7 +119,7 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
 {figures}
 </div>
 <h2>Runs that did not complete</h2>
-{failures_html}
+{failures}
 <h2>All runs (summary.csv)</h2>
 {table_html(table)}
 </body>
