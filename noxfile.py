@@ -1,4 +1,4 @@
-"""nox sessions: smoke (the main job), tests, slurm, lint and bench. Virtualenvs are reused, so torch installs
+"""nox sessions: smoke (the main job), tests, slurm, gpu, lint and bench. Virtualenvs are reused, so torch installs
 once."""
 
 from __future__ import annotations
@@ -98,6 +98,16 @@ def slurm(session: nox.Session) -> None:
     basetemp = Path(session.create_tmp()) / "pytest"
     session.run("pytest", *(session.posargs or ["-q", "-m", "slurm", f"--basetemp={basetemp}", "--durations=10",
                                                  "tests/test_slurm_cluster.py"]))
+
+
+@nox.session
+def gpu(session: nox.Session) -> None:
+    """The GPU path (nccl, CUDA tensors): every smoke run that fits the GPUs (one rank per GPU) at 2 epochs, checked
+    for completion, accuracy and data-parallel ranks' bitwise agreement (benchmarks/gpu_check.py; pass its options
+    after --). Without CUDA it says so in one line and succeeds."""
+    install(session, "")
+    session.env.update({"MPLBACKEND": "Agg"})
+    session.run("python", "benchmarks/gpu_check.py", *session.posargs)
 
 
 @nox.session
