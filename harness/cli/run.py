@@ -72,11 +72,16 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
     problem = network_problem(specs)
     if problem:
         return fail(problem)
+    from harness.launch.lock import FolderBusy, suite_lock
     from harness.launch.suite import run_specs
 
-    print(f"suite {specs[0].suite}: {len(specs)} runs -> {args.out / specs[0].suite}")
-    outcomes = run_specs(specs, args.out, resume=args.resume, argv=["dtbench", *argv], suite_file=args.suite,
-                         show_progress=not args.quiet)
+    try:
+        with suite_lock(args.out / specs[0].suite):
+            print(f"suite {specs[0].suite}: {len(specs)} runs -> {args.out / specs[0].suite}")
+            outcomes = run_specs(specs, args.out, resume=args.resume, argv=["dtbench", *argv],
+                                 suite_file=args.suite, show_progress=not args.quiet)
+    except FolderBusy as exc:
+        return fail(str(exc))
     return finish(outcomes)
 
 
@@ -102,11 +107,13 @@ def _submit(args: argparse.Namespace, specs, argv: list[str]) -> int:
             print(f"{spec.run_id}\tnodes={spec.nodes}\ttasks_per_node={spec.world_size // spec.nodes}")
         print(f"{len(specs)} runs; nothing submitted (--dry-run).")
         return 0
+    from harness.launch.lock import suite_lock
     from harness.launch.suite import submit_specs
 
-    try:
-        submitted = submit_specs(specs, args.out, site, resume=args.resume, argv=["dtbench", *argv],
-                                 suite_file=args.suite)
+    try:  # FolderBusy is a RuntimeError too: another dtbench run is writing to the folder
+        with suite_lock(args.out / specs[0].suite):
+            submitted = submit_specs(specs, args.out, site, resume=args.resume, argv=["dtbench", *argv],
+                                     suite_file=args.suite)
     except RuntimeError as exc:
         return fail(str(exc))
     suite_dir = args.out / specs[0].suite
@@ -142,6 +149,12 @@ def rerun_one(args: argparse.Namespace, argv: list[str]) -> int:
     problem = network_problem([spec])
     if problem:
         return fail(problem)
+    from harness.launch.lock import FolderBusy, suite_lock
     from harness.launch.suite import run_specs
 
-    return finish(run_specs([spec], args.out, argv=["dtbench", *argv], show_progress=not args.quiet))
+    try:
+        with suite_lock(args.out / spec.suite):
+            outcomes = run_specs([spec], args.out, argv=["dtbench", *argv], show_progress=not args.quiet)
+    except FolderBusy as exc:
+        return fail(str(exc))
+    return finish(outcomes)
