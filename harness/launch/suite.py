@@ -89,10 +89,16 @@ def run_specs(specs: list[RunSpec], out: Path, resume: bool = False, argv: list[
         go_on = resume and resumable(run_dir, spec)
         if go_on:
             tqdm.write(f"[{i}/{len(specs)}] {spec.run_id}: resuming from its {CHECKPOINT_FILE} (--resume)")
-        else:
-            run_dir = prepare_run_dir(spec, out)
-        result = _launch_with_progress(spec, run_dir, f"[{i}/{len(specs)}] {spec.run_id}", argv, show_progress,
-                                      go_on)
+        try:
+            if not go_on:
+                run_dir = prepare_run_dir(spec, out)
+            result = _launch_with_progress(spec, run_dir, f"[{i}/{len(specs)}] {spec.run_id}", argv,
+                                          show_progress, go_on)
+        except OSError as exc:  # the results folder cannot be written (a full disk, no permission, ...)
+            where = exc.filename or run_dir
+            error = {"message": f"cannot write {where}: {exc.strerror or exc}; the run's files are incomplete",
+                     "rank": None}
+            result = LaunchResult("failed", error, 0.0)
         line = f"[{i}/{len(specs)}] {spec.run_id}: {result.state} in {result.seconds:.1f} s"
         if result.error:
             line += f" ({result.error.get('message')})"

@@ -55,8 +55,12 @@ class MetricsWriter:
 def write_json(path: Path, obj: Any) -> None:
     """Write JSON atomically (temp file, then rename), so a reader never sees half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(_clean(obj), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(_clean(obj), indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except BaseException:  # e.g. a full disk: no half-written temp file is left behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def utc_now() -> str:
