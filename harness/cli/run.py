@@ -28,8 +28,9 @@ def add(verbs) -> None:
                      help="slurm: nodes per run for every run (world_size / N tasks on each); overrides the suite")
     run.add_argument("--only", metavar="GLOB", help="run only the runs whose run id matches this shell pattern")
     run.add_argument("--resume", action="store_true",
-                     help="skip runs whose status.json says completed; continue the others from their "
-                          "checkpoint.pt where they have one, else rerun them from the start")
+                     help="skip runs whose status.json says completed; continue the others from their newest "
+                          "checkpoint whose sha256 and spec hash verify (checkpoint.pt, else checkpoint.prev.pt), "
+                          "else rerun them from the start (docs/slurm.md)")
     run.add_argument("--dry-run", action="store_true", help="validate and list the runs; write nothing")
     run.add_argument("--quiet", action="store_true", help="no progress bars (the per-run lines still print)")
     run.add_argument("--network", metavar="SPEC", type=network_arg,

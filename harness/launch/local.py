@@ -71,7 +71,7 @@ def launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None]
            argv: list[str] | None = None, resume: bool = False) -> LaunchResult:
     """Run `spec` with world_size local processes. Returns once every rank has ended.
 
-    With `resume`, the ranks continue from run_dir/checkpoint.pt (see worker.run_rank).
+    With `resume`, the ranks continue from the newest valid checkpoint in run_dir (see worker.run_rank).
 
     The launcher hosts the rendezvous store (on a free port it picked itself), so ranks never race for a port. If a
     rank exits with an error or is killed, the remaining ranks are torn down at once and the run is marked failed,

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from harness.launch.local import LaunchResult, launch
 from harness.launch.progress import RunBar
-from harness.run.checkpoint import CHECKPOINT_FILE
+from harness.run import checkpoint_files
 from harness.run.records import write_json
 from harness.suite.spec import RunSpec
 
@@ -44,12 +44,22 @@ def is_completed(run_dir: Path) -> bool:
 
 
 def resumable(run_dir: Path, spec: RunSpec) -> bool:
-    """Whether an earlier attempt of `spec` left a checkpoint in `run_dir` to continue from."""
+    """Whether an earlier attempt of `spec` left checkpoint files in `run_dir` (valid or not: resume_choice says)."""
     try:
         same = RunSpec.model_validate_json((run_dir / "spec.json").read_text()) == spec
     except (OSError, ValueError):
         return False
-    return same and (run_dir / CHECKPOINT_FILE).exists()
+    return same and checkpoint_files.present(run_dir)
+
+
+def resume_choice(run_dir: Path, spec: RunSpec) -> checkpoint_files.Choice | None:
+    """What --resume continues `spec` from: None when run_dir holds no checkpoint files of an attempt of `spec`
+    (the run starts over in a clean folder); else the newest checkpoint whose sha256 and spec hash verify, or a
+    Choice of no file (the run restarts at step 0 in its folder, and says so), with the files rejected and why.
+    The worker's rank 0 makes the same choice again before it loads (harness/run/worker.py)."""
+    if not resumable(run_dir, spec):
+        return None
+    return checkpoint_files.choose(run_dir, checkpoint_files.spec_hash(spec.model_dump_json()))
 
 
 def replaced_note(specs: list[RunSpec], out: Path) -> str | None:
@@ -69,8 +79,9 @@ def run_specs(specs: list[RunSpec], out: Path, resume: bool = False, argv: list[
               suite_file: Path | None = None, show_progress: bool = True) -> list[RunOutcome]:
     """Run every spec in order with the local launcher. A failed run is reported and the suite goes on.
 
-    With `resume`, completed runs are skipped, runs with a checkpoint of the same spec continue from it, and the
-    others start over.
+    With `resume`, completed runs are skipped, runs with a checkpoint of the same spec continue from the newest one
+    that verifies (resume_choice; a run whose checkpoints all fail restarts at step 0 and says so), and the others
+    start over.
     """
     outcomes: list[RunOutcome] = []
     if not resume and specs:
@@ -86,9 +97,10 @@ def run_specs(specs: list[RunSpec], out: Path, resume: bool = False, argv: list[
             tqdm.write(f"[{i}/{len(specs)}] {spec.run_id}: completed earlier, skipped (--resume)")
             outcomes.append(RunOutcome(spec, "completed", None, 0.0))
             continue
-        go_on = resume and resumable(run_dir, spec)
+        choice = resume_choice(run_dir, spec) if resume else None
+        go_on = choice is not None
         if go_on:
-            tqdm.write(f"[{i}/{len(specs)}] {spec.run_id}: resuming from its {CHECKPOINT_FILE} (--resume)")
+            tqdm.write(f"[{i}/{len(specs)}] {spec.run_id}: {choice.describe()} (--resume)")
         try:
             if not go_on:
                 run_dir = prepare_run_dir(spec, out)
@@ -135,8 +147,9 @@ def submit_specs(specs: list[RunSpec], out: Path, site, resume: bool = False, ar
         if resume and is_completed(run_dir):
             print(f"{spec.run_id}: completed earlier, skipped (--resume)")
             continue
-        if resume and resumable(run_dir, spec):
-            print(f"{spec.run_id}: resumes from its {CHECKPOINT_FILE} (--resume)")
+        choice = resume_choice(run_dir, spec) if resume else None
+        if choice is not None:
+            print(f"{spec.run_id}: {choice.describe()} (--resume)")
         else:
             run_dir = prepare_run_dir(spec, out)
         runs.append((spec, run_dir))

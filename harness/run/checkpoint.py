@@ -1,7 +1,9 @@
-"""Checkpoints: RNG states as plain tensors, the atomic checkpoint.pt, metrics truncation, and stop requests."""
+"""Checkpoints: RNG states as plain tensors, writing and loading one checkpoint file, metrics truncation, and stop
+requests. Which files a run keeps, their sha256 sidecars and the choice on resume: harness/run/checkpoint_files.py."""
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import signal
@@ -37,22 +39,40 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save(path: Path, checkpoint: dict[str, Any]) -> None:
-    """torch.save to a temp file next to `path`, fsync, then rename: a reader sees the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
+def write_file(path: Path, checkpoint: dict[str, Any]) -> None:
+    """torch.save to `path` and fsync it (not atomic by itself: write a temp name, then rename)."""
+    with open(path, "wb") as f:
         torch.save(checkpoint, f)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+
+
+def save(path: Path, checkpoint: dict[str, Any]) -> None:
+    """torch.save to a temp file next to `path`, fsync, then rename: a reader sees the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write_file(tmp, checkpoint)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load(path: Path) -> dict[str, Any]:
     """A checkpoint written by save(), loaded with weights_only=True onto the CPU."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    if checkpoint.get("format") != FORMAT_VERSION:
-        raise ValueError(f"{path}: checkpoint format {checkpoint.get('format')!r}, this dtbench reads "
-                         f"{FORMAT_VERSION}; remove the file to start the run over")
+    return _checked(torch.load(path, map_location="cpu", weights_only=True), path)
+
+
+def loads(data: bytes, where: Path | str) -> dict[str, Any]:
+    """load() of a checkpoint's bytes already in memory (`where`: its file, for messages)."""
+    return _checked(torch.load(io.BytesIO(data), map_location="cpu", weights_only=True), where)
+
+
+def _checked(checkpoint: Any, where: Path | str) -> dict[str, Any]:
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT_VERSION:
+        found = checkpoint.get("format") if isinstance(checkpoint, dict) else type(checkpoint).__name__
+        raise ValueError(f"{where}: checkpoint format {found!r}, this dtbench reads {FORMAT_VERSION}; remove the "
+                         "file to start the run over")
     return checkpoint
 
 

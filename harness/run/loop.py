@@ -14,7 +14,7 @@ import torch.distributed as dist
 from harness.comm.communicator import Communicator
 from harness.data.tensors import Batch, DataOrder, TensorData
 from harness.method import EvalResult, Method
-from harness.run import checkpoint
+from harness.run import checkpoint, checkpoint_files
 from harness.run.clock import TrainClock
 from harness.run.records import MetricsWriter
 from harness.run.schedule import LrSchedule
@@ -71,7 +71,8 @@ class Loop:
     At the end every rank writes a `cpu` record: its CPU time, run-queue wait and wall time over the run, and the
     machine's load (harness/run/usage.py), from which the report tells starved (noisy) runs.
 
-    Checkpoints (run_dir/checkpoint.pt) are written every spec.checkpoint_every_steps steps, at the end of the run
+    Checkpoints (run_dir/checkpoint.pt, the one before kept as checkpoint.prev.pt, each with a sha256 sidecar:
+    harness/run/checkpoint_files.py) are written every spec.checkpoint_every_steps steps, at the end of the run
     when that is set, and when a stop is requested (checkpoint.STOP: a preemption or time-limit signal on any
     rank, agreed in the control round so that every rank stops after the same step). `restore` resumes from one.
     """
@@ -81,6 +82,7 @@ class Loop:
         self.spec, self.method, self.train, self.test = spec, method, train, test
         self.comm, self.writer, self.clock = comm, writer, clock
         self.run_dir = run_dir
+        self.spec_json = spec.model_dump_json()
         self.checkpointable = method.checkpointable and run_dir is not None
         self.checkpoint_every = spec.checkpoint_every_steps if self.checkpointable else None
         self.order = DataOrder(len(train), spec.params["batch_size"], spec.seed)
@@ -250,7 +252,8 @@ class Loop:
 
     # -- checkpoints ----------------------------------------------------------------------------------------------
     def checkpoint(self) -> None:
-        """Every rank's state gathered to rank 0, which writes run_dir/checkpoint.pt atomically. Collective.
+        """Every rank's state gathered to rank 0, which writes run_dir/checkpoint.pt (the old one becoming
+        checkpoint.prev.pt) with its sidecar, keeping a valid checkpoint on disk throughout. Collective.
 
         Off the train clock. The traffic goes around the Communicator: it is not part of the method's bytes. The
         size of metrics.jsonl is taken between two barriers, when every rank has written every record up to this
@@ -270,15 +273,15 @@ class Loop:
             else:
                 states = [mine]
             if self.comm.rank == 0:
-                checkpoint.save(self.run_dir / checkpoint.CHECKPOINT_FILE, {
+                checkpoint_files.write(self.run_dir, {
                     "format": checkpoint.FORMAT_VERSION, "run_id": self.spec.run_id,
-                    "spec": self.spec.model_dump_json(), "world_size": world, "step": self.step,
+                    "spec": self.spec_json, "world_size": world, "step": self.step,
                     "epoch": self.order.epoch_of(self.step), "samples": self._samples(),
                     "train_time_s": self.clock.train(), "wall_time_s": self.clock.wall(),
                     "metrics_bytes": metrics_bytes,
                     "loop": {"next_eval_time": self._next_eval_time, "interval": self._interval,
                              "last_eval": self.last_eval},
-                    "ranks": states})
+                    "ranks": states}, checkpoint_files.spec_hash(self.spec_json))
             if world > 1:
                 dist.barrier(group=self.comm.group)  # the file is complete before any rank goes on or exits
 

@@ -72,8 +72,9 @@ def run_rank(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, launcher
     """Run one rank of a run to the end. Returns the process exit code (0: the run ended, completed, diverged or
     preempted; status.json says which).
 
-    With `resume`, a checkpoint.pt in `run_dir` is continued from (metrics.jsonl is cut back to it first); without
-    one the run starts at step 0. `network`: the emulated network the launcher built (Topology.describe()), recorded
+    With `resume`, the newest valid checkpoint in `run_dir` (checkpoint.pt, else checkpoint.prev.pt; see
+    _load_checkpoint) is continued from (metrics.jsonl is cut back to it first); without one the run starts at step
+    0. `network`: the emulated network the launcher built (Topology.describe()), recorded
     in manifest.json. `launched_at`: the launcher's time.time() when it started this process, for the `startup`
     record. On an exception the traceback goes to the rank's log and its first line to error-rank<r>.json, which
     the launcher reads to name the failing rank in status.json.
@@ -94,19 +95,39 @@ def run_rank(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, launcher
         sys.stderr.flush()
 
 
-def _load_checkpoint(spec, run_dir: Path, rank: int, comm) -> dict | None:
-    """The run's checkpoint, checked against `spec`; rank 0 first cuts metrics.jsonl back to it. Collective."""
-    from harness.run import checkpoint
+def _load_checkpoint(spec, run_dir: Path, rank: int, comm) -> tuple[dict | None, dict | None]:
+    """(the checkpoint to continue from or None, the `resume` record or None when there was no checkpoint file).
 
-    path = run_dir / checkpoint.CHECKPOINT_FILE
-    saved = checkpoint.load(path) if path.exists() else None
-    if saved is not None and saved["spec"] != spec.model_dump_json():
-        raise RuntimeError(f"{path} was written for another spec than this run's spec.json; remove it to start "
-                           "the run over")
+    Rank 0 verifies the files (sha256 and spec hash, newest first: harness/run/checkpoint_files.py), renames the
+    rejected ones aside, cuts metrics.jsonl back to the chosen checkpoint (to nothing when none is valid: the run
+    starts over) and says which in its log; the other ranks load the file it chose, checked against the sha256 it
+    verified. Collective.
+    """
+    import torch.distributed as dist
+
+    from harness.run import checkpoint, checkpoint_files
+
+    shared: list = [None, None, None]  # file, sha256, record
+    choice = None
     if rank == 0:
-        checkpoint.truncate_metrics(run_dir / "metrics.jsonl", saved["metrics_bytes"] if saved else 0)
+        choice = checkpoint_files.choose(run_dir, checkpoint_files.spec_hash(spec.model_dump_json()), load=True)
+        checkpoint_files.quarantine(run_dir, choice)
+        checkpoint.truncate_metrics(run_dir / "metrics.jsonl", choice.saved["metrics_bytes"] if choice.saved else 0)
+        if choice.found_files:
+            print(f"dtbench: --resume: {choice.describe()}", flush=True)
+        shared = [choice.file, choice.sha256, choice.record() if choice.found_files else None]
+    if comm.world_size > 1:  # around the Communicator, like the checkpoint's own traffic
+        dist.broadcast_object_list(shared, src=0, group=comm.group)
+    name, sha256, record = shared
+    if choice is not None:
+        saved = choice.saved
+    else:
+        saved = checkpoint_files.load_verified(run_dir / name, sha256) if name else None
+        if record is not None:
+            print(f"dtbench: --resume: {'from ' + name if name else 'no valid checkpoint, from step 0'} "
+                  f"(rank 0's choice)", flush=True)
     comm.barrier()  # no rank writes a record before the file is cut back
-    return saved
+    return saved, record
 
 
 def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: str, argv: list[str] | None,
@@ -140,7 +161,7 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     comm = Communicator(rank, spec.world_size, group)
     startup.mark("rendezvous")
 
-    saved = _load_checkpoint(spec, run_dir, rank, comm) if resume else None
+    saved, resume_record = _load_checkpoint(spec, run_dir, rank, comm) if resume else (None, None)
     clock = TrainClock(*((saved["train_time_s"], saved["wall_time_s"]) if saved else ()))
     writer = MetricsWriter(run_dir / "metrics.jsonl", rank, clock)
     if rank == 0:
@@ -148,6 +169,8 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
                               network or (spec.network.model_dump() if spec.network else None))
         if saved:
             info["resumed_from_step"] = saved["step"]
+        if resume_record is not None:
+            info["resume"] = resume_record
         write_json(run_dir / "manifest.json", info)
     startup.mark("files")
 
@@ -184,12 +207,14 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
                  "rank0_bytes_sent": sent, "rank0_bytes_recv": recv}
         if outcome.last_eval:
             final.update({k: outcome.last_eval[k] for k in ("test_accuracy", "test_loss") if k in outcome.last_eval})
-        ids = {"slurm_job_id": manifest.slurm_job_id()} if launcher == "slurm" else {}
+        extra = {"slurm_job_id": manifest.slurm_job_id()} if launcher == "slurm" else {}
+        if resume_record is not None:
+            extra["resume"] = resume_record
         if outcome.state == "preempted":  # not an error: the run goes on when it is resumed
-            write_status(run_dir, outcome.state, final=final, note=outcome.message, **ids)
+            write_status(run_dir, outcome.state, final=final, note=outcome.message, **extra)
         else:
             error = {"message": outcome.message, "rank": None} if outcome.message else None
-            write_status(run_dir, outcome.state, error=error, final=final, **ids)
+            write_status(run_dir, outcome.state, error=error, final=final, **extra)
     writer.close()
     comm.barrier()
     dist.destroy_process_group()
