@@ -71,6 +71,12 @@ def _run_dir(suite_dir: Path, label: str = "target") -> Path:
     return found[0] if found else suite_dir / f"{label}-missing"
 
 
+def _started_run_dir(suite_dir: Path, proc: Dtbench, timeout: float = 120) -> Path:
+    """The target run's folder once `dtbench run` has made it (or the missing name when the process ended first)."""
+    wait_until(lambda: _run_dir(suite_dir).exists() or proc.proc.poll() is not None, timeout)
+    return _run_dir(suite_dir)
+
+
 def _random_step(rng: random.Random) -> int:
     return rng.randint(10, int(STEPS * 0.6))
 
@@ -105,7 +111,7 @@ def rank_signal(sweep: Sweep, method: str, signum: int) -> Outcome:
                                               {"method": "sgd", "world_size": 1, "label": "after"}],
                         hang_timeout_s=HANG_TIMEOUT_S)
     proc = Dtbench(["run", str(suite), "--out", str(out), "--quiet"])
-    run_dir = _run_dir(out / "s")
+    run_dir = _started_run_dir(out / "s", proc)
     if not wait_for_step(run_dir, _random_step(sweep.rng), proc):
         return Outcome("the run ended before the fault: " + proc.wait(60)[1][-200:], "not tried")
     pids = rank_pids(run_dir)
@@ -122,7 +128,7 @@ def stop_and_resume(sweep: Sweep, method: str, signum: int) -> Outcome:
     out = sweep.folder(f"{signal.Signals(signum).name}-{method}")
     suite = write_suite(out / "s.toml", "s", [run_for(method, label="target")], checkpoint_every_steps=10)
     proc = Dtbench(["run", str(suite), "--out", str(out), "--quiet"])
-    run_dir = _run_dir(out / "s")
+    run_dir = _started_run_dir(out / "s", proc)
     if not wait_for_step(run_dir, _random_step(sweep.rng), proc):
         return Outcome("the run ended before the fault", "not tried")
     pids = rank_pids(run_dir)
@@ -132,14 +138,14 @@ def stop_and_resume(sweep: Sweep, method: str, signum: int) -> Outcome:
     detect = None if seen is None else time.monotonic() - fault_at
     proc.wait(120)
     stopped = read_status(run_dir)
-    return _resume(out, suite, run_dir, reference, f"{stopped.get('state')} at step {stopped.get('final', {})}",
-                   detect)
+    steps = (stopped.get("final") or {}).get("steps")
+    return _resume(out, suite, run_dir, reference, f"{stopped.get('state')} at step {steps}", detect)
 
 
 def _resume(out: Path, suite: Path, run_dir: Path, reference: Path, before: str, detect: float | None) -> Outcome:
     code, text = dtbench("run", str(suite), "--out", str(out), "--quiet", "--resume", timeout=180)
     status = read_status(run_dir)
-    said = [line.strip() for line in text.splitlines() if "resum" in line or "checkpoint" in line]
+    said = [line.strip().split(": ", 1)[-1] for line in text.splitlines() if "(--resume)" in line]
     outcome = f"{_short(before)}; resumed: {status.get('state')}" + (f" ({said[0][:150]})" if said else "")
     if code != 0 or status.get("state") != "completed":
         return Outcome(outcome, f"the resumed run ended {status.get('state')!r} (exit {code})", detect)
@@ -157,7 +163,7 @@ def kill_in_checkpoint(sweep: Sweep, method: str) -> Outcome:
     out = sweep.folder(f"kill-in-checkpoint-{method}")
     suite = write_suite(out / "s.toml", "s", [run_for(method, label="target")], checkpoint_every_steps=1)
     proc = Dtbench(["run", str(suite), "--out", str(out), "--quiet"])
-    run_dir = _run_dir(out / "s")
+    run_dir = _started_run_dir(out / "s", proc)
     if not wait_for_step(run_dir, _random_step(sweep.rng) // 3, proc):
         return Outcome("the run ended before the fault", "not tried")
     time.sleep(sweep.rng.uniform(0, 0.02))
@@ -174,7 +180,7 @@ def damaged_checkpoint(sweep: Sweep, method: str, how: str) -> Outcome:
     out = sweep.folder(f"{how}-checkpoint-{method}")
     suite = write_suite(out / "s.toml", "s", [run_for(method, label="target")], checkpoint_every_steps=10)
     proc = Dtbench(["run", str(suite), "--out", str(out), "--quiet"])
-    run_dir = _run_dir(out / "s")
+    run_dir = _started_run_dir(out / "s", proc)
     if not wait_for_step(run_dir, _random_step(sweep.rng), proc):
         return Outcome("the run ended before the fault", "not tried")
     os.kill(rank_pids(run_dir)[1], signal.SIGUSR2)
@@ -245,7 +251,8 @@ def full_disk(sweep: Sweep, method: str) -> Outcome:
                 lost.append(f"{run_dir.name} says completed without its records")
         if "Traceback" in text:
             lost.append("a traceback instead of a message")
-        line = next((x for x in text.splitlines() if "No space" in x or "disk" in x or "space" in x), text[-150:])
+        said = [x for x in text.splitlines() if "No space" in x] or [x for x in text.splitlines() if "cannot" in x]
+        line = said[0] if said else text[-150:]
         return Outcome(f"exit {code}: {line.strip()[:160]}", "; ".join(lost) or "none", took)
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
@@ -261,7 +268,7 @@ def link_down(sweep: Sweep, method: str) -> Outcome:
                                               {"method": "sgd", "world_size": 1, "label": "after"}],
                         hang_timeout_s=HANG_TIMEOUT_S)
     proc = Dtbench(["run", str(suite), "--out", str(out), "--quiet"])
-    run_dir = _run_dir(out / "s")
+    run_dir = _started_run_dir(out / "s", proc)
     if not wait_for_step(run_dir, _random_step(sweep.rng), proc):
         return Outcome("the run ended before the fault: " + proc.wait(60)[1][-300:], "not tried")
     import json
