@@ -13,7 +13,7 @@ from harness.data.tensors import Batch, TensorData
 from harness.method import EvalResult, Method, RunContext, StepStats, TrainParams
 from harness.run.training import make_sgd
 from methods.blocks import classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes
-from methods.local.parts import chunk_ranges, make_head
+from methods.local.parts import chunk_ranges, make_head, path_ranges
 
 
 class LocalParams(TrainParams):
@@ -37,9 +37,14 @@ class Local(Method):
             send h_c to rank c+1                      returns at once unless `depth` are already in flight
 
     World size 1 with C > 1 chunks is the virtual mode: all chunks in one process, run in order every step, with the
-    same numerics (rank c+1 only ever sees h_c computed from w_c before its update, as here). The overlapping
-    variant shares a block between consecutive chunks, trained by both losses; it runs in the virtual mode only,
-    since two ranks cannot share one block's weights without synchronising them.
+    same numerics (rank c+1 only ever sees h_c computed from w_c before its update, as here).
+
+    The overlapping variant shares a block between consecutive chunks: chunk c's last block is chunk c+1's first.
+    Chunk c hands on the input u of that shared block, and chunk c+1 starts from stopgrad(u), so the shared block is
+    trained by both losses and the network path runs every block once. The shared block's output v = shared(u) is
+    computed once and feeds both head_c and chunk c+1's next block; each loss's backward accumulates into its own
+    chunk's parameters only (autograd's `inputs`), which is the gradient of chunk c+1 recomputing shared(stopgrad(u)).
+    It runs in the virtual mode only, since two ranks cannot share one block's weights without synchronising them.
     """
 
     name = "local"
@@ -64,7 +69,9 @@ class Local(Method):
             raise ValueError(f"local: the {p.variant} variant cuts the model's {len(model)} blocks into "
                              f"{len(self.ranges)} chunks, but the run has {ctx.world_size} ranks (one chunk per rank)")
         shapes = output_shapes(list(model), ctx.workload.train.inputs(torch.arange(2)).to(ctx.device))
-        self.blocks = [model[start:end] for start, end in self.ranges]
+        self.blocks = [model[start:end] for start, end in self.ranges]  # overlapping: neighbours share a module
+        self.path = [model[start:end] for start, end in path_ranges(self.ranges)]  # every block once, in order
+        self.shared = p.variant == "overlapping"
         self.heads = [make_head(p.head, shapes[end - 1], ctx.workload.classes, p.head_hidden).to(ctx.device)
                       for _, end in self.ranges[:-1]] + [nn.Identity()]
         self.virtual = ctx.world_size == 1
@@ -91,10 +98,18 @@ class Local(Method):
         h = h.to(device)
         losses = []
         for c in self.mine:
-            h = self.blocks[c](h.detach())
+            # Disjoint chunks start from a detached input. Overlapping ones cannot (u feeds chunk c's own shared
+            # block), so there each loss's backward is confined to its chunk's parameters instead.
+            h = self.path[c](h if self.shared else h.detach())
             losses.append(loss_fn(self.heads[c](h), y))
         self.optimizer.zero_grad(set_to_none=True)
-        torch.stack(losses).sum().backward()  # chunk inputs are detached: each loss reaches its own chunk only
+        if self.shared:
+            for k, (c, loss) in enumerate(zip(self.mine, losses, strict=True)):
+                inputs = [q for m in (self.blocks[c], self.heads[c]) for q in m.parameters()]
+                if inputs:  # an empty `inputs` would mean every leaf
+                    torch.autograd.backward(loss, inputs=inputs, retain_graph=k < len(losses) - 1)
+        else:
+            torch.stack(losses).sum().backward()  # chunk inputs are detached: each loss reaches its own chunk only
         self.optimizer.step()
         extra: dict[str, Any] = {}
         if self.virtual:
@@ -112,9 +127,9 @@ class Local(Method):
         """Every chunk's head on the whole test set, through the chain; the last chunk's is the method's number."""
         loss_fn = self.ctx.workload.loss
         rank_of = [0 if self.virtual else c for c in range(len(self.ranges))]
-        input_shapes = [()] + [self.shapes[start - 1] for start, _ in self.ranges[1:]]
+        input_shapes = [()] + [self.shapes[start - 1] for start, _ in path_ranges(self.ranges)[1:]]
         with eval_mode([m for c in self.mine for m in (self.blocks[c], self.heads[c])]):
-            sums = evaluate_chain({c: self.blocks[c] for c in self.mine}, rank_of, input_shapes, test, self.ctx.comm,
+            sums = evaluate_chain({c: self.path[c] for c in self.mine}, rank_of, input_shapes, test, self.ctx.comm,
                                   self.ctx.params.eval_batch_size, self.ctx.device,
                                   lambda c, h, y: classifier_sums(self.heads[c](h), y, loss_fn), width=2)
         per_chunk = (sums / len(test)).tolist()
