@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -12,7 +13,7 @@ from harness.comm.channel import Receiver, Sender
 from harness.data.tensors import Batch, TensorData
 from harness.method import EvalResult, Method, RunContext, StepStats, TrainParams
 from harness.run.training import make_sgd
-from methods.blocks import classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes
+from methods.blocks import classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
 from methods.local.parts import chunk_ranges, make_head, path_ranges
 
 
@@ -59,6 +60,22 @@ class Local(Method):
         if world_size > 1 and params.chunks not in (None, world_size):
             return f"chunks = {params.chunks} but world_size = {world_size}: one chunk per rank (or world_size 1)"
         return super().check_world_size(world_size, params)
+
+    @classmethod
+    def check_model(cls, world_size: int, params: LocalParams, model: Callable[[], nn.Sequential]
+                    ) -> tuple[str, str] | None:
+        """Every chunk needs a block; greedy makes one chunk per block, so on several ranks one rank per block."""
+        blocks = len(model())
+        if params.variant == "greedy":
+            if world_size > 1 and world_size != blocks:
+                return "world_size", (f"the greedy variant runs one block per rank: world_size = {world_size}, but "
+                                      f"the workload's model has {blocks} blocks")
+            return None
+        chunks = default_parts(params.chunks, world_size)
+        if chunks > blocks:
+            return "chunks" if params.chunks is not None or world_size == 1 else "world_size", \
+                too_few(chunks, "chunks", blocks)
+        return None
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
