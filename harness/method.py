@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from torch import nn
 
 from harness.comm.communicator import Communicator
 from harness.data.tensors import Batch, TensorData
@@ -107,6 +109,15 @@ class Method(abc.ABC):
             return f"method {cls.name!r} needs at least {cls.min_world_size} ranks, got {world_size}"
         if cls.max_world_size is not None and world_size > cls.max_world_size:
             return f"method {cls.name!r} runs on at most {cls.max_world_size} rank(s), got {world_size}"
+        return None
+
+    @classmethod
+    def check_model(cls, world_size: int, params: TrainParams, model: Callable[[], nn.Sequential]
+                    ) -> tuple[str, str] | None:
+        """None if the method can cut the workload's model as `params` and `world_size` ask, else (the field that
+        asks too much: 'world_size' or a parameter's name, the reason in one line). `model()` builds the model on
+        the meta device (blocks and layers, no storage, no data); suite validation calls this after
+        check_world_size, for workloads that give a model without data. Default: no requirement."""
         return None
 
     @abc.abstractmethod

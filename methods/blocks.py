@@ -26,6 +26,11 @@ def default_parts(requested: int | None, world_size: int) -> int:
     return world_size if world_size > 1 else VIRTUAL_DEFAULT_PARTS
 
 
+def too_few(parts: int, kind: str, have: int, unit: str = "blocks") -> str:
+    """The one-line reason a model of `have` `unit` cannot be cut into `parts` `kind` (stages, chunks)."""
+    return f"{parts} {kind} need at least {parts} {unit}, but the workload's model has {have}"
+
+
 def uniform_split(num_blocks: int, parts: int) -> list[tuple[int, int]]:
     """`parts` contiguous [start, end) ranges of sizes as equal as possible; earlier parts take the extra blocks."""
     if not 1 <= parts <= num_blocks:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from harness.data.tensors import TensorData
 from harness.suite.spec import Budget
@@ -34,7 +35,9 @@ class Instance:
 @dataclass(frozen=True)
 class Workload:
     """A registered workload. `build(options, data_root)` makes the Instance of one run; `Options` validates the
-    suite's `workload_options`; `budget` and `hyperparameters` are defaults a suite may override."""
+    suite's `workload_options`; `budget` and `hyperparameters` are defaults a suite may override. `make_model(options)`,
+    optional, is the model alone, without data: validation builds it on the meta device to check what methods ask of
+    its blocks (a pipeline's stages, local's chunks) before a run starts; without it those checks wait for the run."""
 
     name: str
     dataset: str
@@ -44,6 +47,7 @@ class Workload:
     budget: Budget
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     Options: type[BaseModel] = NoOptions
+    make_model: Callable[[Any], nn.Sequential] | None = None
 
     @property
     def target(self) -> float | None:
@@ -51,3 +55,21 @@ class Workload:
 
     def instantiate(self, options: dict[str, Any] | None = None, data_root: str | None = None) -> Instance:
         return self.build(self.Options.model_validate(options or {}), data_root)
+
+    def meta_model(self, options: dict[str, Any] | None = None) -> nn.Sequential | None:
+        """The model for `options` on the meta device (its blocks and layers, no storage, no data), or None when the
+        workload gives no `make_model`. Raises ValueError when the options make no model."""
+        if self.make_model is None:
+            return None
+        with torch.device("meta"), _SkipNormalFill():
+            return self.make_model(self.Options.model_validate(options or {}))
+
+
+class _SkipNormalFill(TorchFunctionMode):
+    """Meta tensors hold no values, so an in-place normal_ fill (nn.init's Kaiming and Xavier normals) on one is
+    skipped: torch routes it through a Python reference that imports torch._dynamo, a second of validation time."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.normal_ and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
+            return args[0]
+        return func(*args, **(kwargs or {}))

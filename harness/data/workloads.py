@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
 
 from harness.data import models, sources
 from harness.data.workload import Instance, NoOptions, Workload
@@ -49,34 +50,57 @@ class DigitsResNetOptions(BaseModel):
     norm: Literal["group", "batch"] = "group"
 
 
+# Each workload's model alone (Workload.make_model), and its build: the data plus that model's factory.
+def _digits_mlp_model(options: NoOptions) -> nn.Sequential:
+    return models.mlp(64, 128, 2, 10)
+
+
 def _digits_mlp(options: NoOptions, data_root: str | None) -> Instance:
     train, test = sources.digits()
-    return Instance(train, test, lambda: models.mlp(64, 128, 2, 10))
+    return Instance(train, test, lambda: _digits_mlp_model(options))
+
+
+def _digits_cnn_model(options: DigitsCNNOptions) -> nn.Sequential:
+    return models.digits_cnn(10, options.norm)
 
 
 def _digits_cnn(options: DigitsCNNOptions, data_root: str | None) -> Instance:
     train, test = sources.digits()
-    return Instance(train, test, lambda: models.digits_cnn(10, options.norm))
+    return Instance(train, test, lambda: _digits_cnn_model(options))
+
+
+def _synthetic_mlp_model(options: SyntheticOptions) -> nn.Sequential:
+    return models.mlp(options.in_features, options.hidden, options.depth, options.classes)
 
 
 def _synthetic_mlp(options: SyntheticOptions, data_root: str | None) -> Instance:
     o = options
     train, test = sources.synthetic(o.num_train, o.num_test, o.in_features, o.classes)
-    return Instance(train, test, lambda: models.mlp(o.in_features, o.hidden, o.depth, o.classes), classes=o.classes)
+    return Instance(train, test, lambda: _synthetic_mlp_model(o), classes=o.classes)
+
+
+def _digits_resnet_model(options: DigitsResNetOptions) -> nn.Sequential:
+    from harness.data import resnet
+
+    return resnet.cifar_resnet(options.depth, 10, options.norm, in_channels=1)
 
 
 def _digits_resnet(options: DigitsResNetOptions, data_root: str | None) -> Instance:
+    train, test = sources.digits()
+    return Instance(train, test, lambda: _digits_resnet_model(options))
+
+
+def _cifar10_resnet20_model(options: ResNetOptions) -> nn.Sequential:
     from harness.data import resnet
 
-    train, test = sources.digits()
-    return Instance(train, test, lambda: resnet.cifar_resnet(options.depth, 10, options.norm, in_channels=1))
+    return resnet.resnet20(10, options.norm)
 
 
 def _cifar10_resnet20(options: ResNetOptions, data_root: str | None) -> Instance:
-    from harness.data import cifar10, resnet
+    from harness.data import cifar10
 
     train, test = cifar10.load(data_root)
-    return Instance(train, test, lambda: resnet.resnet20(10, options.norm))
+    return Instance(train, test, lambda: _cifar10_resnet20_model(options))
 
 
 _DIGITS_BUDGET = Budget(max_epochs=10, eval_every_epochs=1, target_accuracy=0.95)
@@ -84,24 +108,25 @@ _DIGITS_BUDGET = Budget(max_epochs=10, eval_every_epochs=1, target_accuracy=0.95
 DIGITS_MLP = Workload(
     "digits-mlp", "sklearn digits (8x8, 10 classes)", "MLP 64-128-128-10",
     "the embedded default: 1437 train / 360 test images, CPU seconds per run",
-    _digits_mlp, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9})
+    _digits_mlp, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9}, make_model=_digits_mlp_model)
 DIGITS_CNN = Workload(
     "digits-cnn", "sklearn digits (8x8, 10 classes)", "CNN conv16-conv32-fc64-10", "digits with a small CNN",
-    _digits_cnn, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9}, DigitsCNNOptions)
+    _digits_cnn, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9}, DigitsCNNOptions, _digits_cnn_model)
 SYNTHETIC_MLP = Workload(
     "synthetic-mlp", "synthetic Gaussian, teacher-labelled", "MLP (sizes as options)",
     "random data of any size, for performance work", _synthetic_mlp,
     Budget(max_epochs=5, eval_every_epochs=1, target_accuracy=0.8),
-    {"batch_size": 128, "lr": 0.05, "momentum": 0.9}, SyntheticOptions)
+    {"batch_size": 128, "lr": 0.05, "momentum": 0.9}, SyntheticOptions, _synthetic_mlp_model)
 DIGITS_RESNET = Workload(
     "digits-resnet", "sklearn digits (8x8, 10 classes)", "ResNet-20 with GroupNorm (depth and norm as options)",
     "a model whose layer graph is not a chain (skip connections), small enough for CPU studies",
-    _digits_resnet, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9}, DigitsResNetOptions)
+    _digits_resnet, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9}, DigitsResNetOptions,
+    _digits_resnet_model)
 CIFAR10_RESNET20 = Workload(
     "cifar10-resnet20", "CIFAR-10 (local files)", "ResNet-20 (He et al. 2016, 0.27M params)",
     "the standard CIFAR study; needs the dataset on disk (see docs/data.md)", _cifar10_resnet20,
     Budget(max_epochs=160, eval_every_epochs=1, target_accuracy=0.91),
-    {"batch_size": 128, "lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}, ResNetOptions)
+    {"batch_size": 128, "lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}, ResNetOptions, _cifar10_resnet20_model)
 
 #: Built-in workload names -> attributes of this module (harness/registry.py imports them by reference).
 BUILTIN: dict[str, str] = {"digits-mlp": "DIGITS_MLP", "digits-cnn": "DIGITS_CNN", "synthetic-mlp": "SYNTHETIC_MLP",

@@ -71,7 +71,8 @@ def _lookup(path: Path, field: str, kind: registry.Registry, name: str):
 def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec | None = None) -> list[RunSpec]:
     """Validate a suite file and expand it into one RunSpec per run and seed.
 
-    Checks every method name, workload name, method and workload parameter, and world size. Any problem raises
+    Checks every method name, workload name, method and workload parameter, world size, and the stages or chunks
+    a method asks of the workload's blocks (without data: the model on the meta device). Any problem raises
     FileError naming the file and the field; nothing is written by this function. `network` (from --network)
     replaces the suite's and every run's network.
     """
@@ -109,6 +110,7 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
         problem = method_cls.check_world_size(entry.world_size, params)
         if problem:
             raise FileError(f"{path}: {where}.world_size: {problem}")
+        _check_model(path, where, suite, entry, method_cls, params, (workload_name, workload, resolved_options))
         nodes = entry.nodes or suite.nodes
         if entry.world_size % nodes:
             raise FileError(f"{path}: {where + '.nodes' if entry.nodes else 'nodes'}: world_size "
@@ -153,6 +155,31 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
     if only:
         specs = [s for s in specs if fnmatch.fnmatchcase(s.run_id, only)]
     return specs
+
+
+def _check_model(path: Path, where: str, suite: SuiteFile, entry: RunEntry, method_cls, params,
+                 workload_of: tuple[str, Any, dict[str, Any]]) -> None:
+    """What the method asks of the workload's model (stages, chunks against its blocks), on the model built on the
+    meta device, for workloads that give one (Workload.make_model). Raises FileError naming the field."""
+    name, workload, options = workload_of
+    if getattr(workload, "make_model", None) is None:
+        return
+
+    def model():
+        try:
+            return workload.meta_model(options)
+        except ValueError as exc:
+            field = f"{where}.workload_options" if entry.workload_options else "workload_options"
+            raise FileError(f"{path}: {field}: {exc}") from None
+
+    problem = method_cls.check_model(entry.world_size, params, model)
+    if problem:
+        key, reason = problem
+        if key == "world_size":
+            field = f"{where}.world_size"
+        else:
+            field = f"defaults.{key}" if key in suite.defaults and key not in entry.params else f"{where}.params.{key}"
+        raise FileError(f"{path}: {field}: {reason} (workload {name!r})")
 
 
 def default_label(entry: RunEntry, method_name: str | None = None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -12,8 +13,8 @@ from harness.comm.channel import Receiver, Sender
 from harness.data.tensors import Batch, TensorData
 from harness.method import EvalResult, Method, RunContext, StepStats, TrainParams
 from harness.run.training import make_sgd
-from methods.blocks import classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes
-from methods.local.parts import chunk_ranges, make_head
+from methods.blocks import classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
+from methods.local.parts import chunk_ranges, make_head, path_ranges
 
 
 class LocalParams(TrainParams):
@@ -37,9 +38,14 @@ class Local(Method):
             send h_c to rank c+1                      returns at once unless `depth` are already in flight
 
     World size 1 with C > 1 chunks is the virtual mode: all chunks in one process, run in order every step, with the
-    same numerics (rank c+1 only ever sees h_c computed from w_c before its update, as here). The overlapping
-    variant shares a block between consecutive chunks, trained by both losses; it runs in the virtual mode only,
-    since two ranks cannot share one block's weights without synchronising them.
+    same numerics (rank c+1 only ever sees h_c computed from w_c before its update, as here).
+
+    The overlapping variant shares a block between consecutive chunks: chunk c's last block is chunk c+1's first.
+    Chunk c hands on the input u of that shared block, and chunk c+1 starts from stopgrad(u), so the shared block is
+    trained by both losses and the network path runs every block once. The shared block's output v = shared(u) is
+    computed once and feeds both head_c and chunk c+1's next block; each loss's backward accumulates into its own
+    chunk's parameters only (autograd's `inputs`), which is the gradient of chunk c+1 recomputing shared(stopgrad(u)).
+    It runs in the virtual mode only, since two ranks cannot share one block's weights without synchronising them.
     """
 
     name = "local"
@@ -55,6 +61,22 @@ class Local(Method):
             return f"chunks = {params.chunks} but world_size = {world_size}: one chunk per rank (or world_size 1)"
         return super().check_world_size(world_size, params)
 
+    @classmethod
+    def check_model(cls, world_size: int, params: LocalParams, model: Callable[[], nn.Sequential]
+                    ) -> tuple[str, str] | None:
+        """Every chunk needs a block; greedy makes one chunk per block, so on several ranks one rank per block."""
+        blocks = len(model())
+        if params.variant == "greedy":
+            if world_size > 1 and world_size != blocks:
+                return "world_size", (f"the greedy variant runs one block per rank: world_size = {world_size}, but "
+                                      f"the workload's model has {blocks} blocks")
+            return None
+        chunks = default_parts(params.chunks, world_size)
+        if chunks > blocks:
+            return "chunks" if params.chunks is not None or world_size == 1 else "world_size", \
+                too_few(chunks, "chunks", blocks)
+        return None
+
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         p = ctx.params
@@ -64,7 +86,9 @@ class Local(Method):
             raise ValueError(f"local: the {p.variant} variant cuts the model's {len(model)} blocks into "
                              f"{len(self.ranges)} chunks, but the run has {ctx.world_size} ranks (one chunk per rank)")
         shapes = output_shapes(list(model), ctx.workload.train.inputs(torch.arange(2)).to(ctx.device))
-        self.blocks = [model[start:end] for start, end in self.ranges]
+        self.blocks = [model[start:end] for start, end in self.ranges]  # overlapping: neighbours share a module
+        self.path = [model[start:end] for start, end in path_ranges(self.ranges)]  # every block once, in order
+        self.shared = p.variant == "overlapping"
         self.heads = [make_head(p.head, shapes[end - 1], ctx.workload.classes, p.head_hidden).to(ctx.device)
                       for _, end in self.ranges[:-1]] + [nn.Identity()]
         self.virtual = ctx.world_size == 1
@@ -91,10 +115,18 @@ class Local(Method):
         h = h.to(device)
         losses = []
         for c in self.mine:
-            h = self.blocks[c](h.detach())
+            # Disjoint chunks start from a detached input. Overlapping ones cannot (u feeds chunk c's own shared
+            # block), so there each loss's backward is confined to its chunk's parameters instead.
+            h = self.path[c](h if self.shared else h.detach())
             losses.append(loss_fn(self.heads[c](h), y))
         self.optimizer.zero_grad(set_to_none=True)
-        torch.stack(losses).sum().backward()  # chunk inputs are detached: each loss reaches its own chunk only
+        if self.shared:
+            for k, (c, loss) in enumerate(zip(self.mine, losses, strict=True)):
+                inputs = [q for m in (self.blocks[c], self.heads[c]) for q in m.parameters()]
+                if inputs:  # an empty `inputs` would mean every leaf
+                    torch.autograd.backward(loss, inputs=inputs, retain_graph=k < len(losses) - 1)
+        else:
+            torch.stack(losses).sum().backward()  # chunk inputs are detached: each loss reaches its own chunk only
         self.optimizer.step()
         extra: dict[str, Any] = {}
         if self.virtual:
@@ -112,9 +144,9 @@ class Local(Method):
         """Every chunk's head on the whole test set, through the chain; the last chunk's is the method's number."""
         loss_fn = self.ctx.workload.loss
         rank_of = [0 if self.virtual else c for c in range(len(self.ranges))]
-        input_shapes = [()] + [self.shapes[start - 1] for start, _ in self.ranges[1:]]
+        input_shapes = [()] + [self.shapes[start - 1] for start, _ in path_ranges(self.ranges)[1:]]
         with eval_mode([m for c in self.mine for m in (self.blocks[c], self.heads[c])]):
-            sums = evaluate_chain({c: self.blocks[c] for c in self.mine}, rank_of, input_shapes, test, self.ctx.comm,
+            sums = evaluate_chain({c: self.path[c] for c in self.mine}, rank_of, input_shapes, test, self.ctx.comm,
                                   self.ctx.params.eval_batch_size, self.ctx.device,
                                   lambda c, h, y: classifier_sums(self.heads[c](h), y, loss_fn), width=2)
         per_chunk = (sums / len(test)).tolist()

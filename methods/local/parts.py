@@ -13,7 +13,8 @@ def chunk_ranges(num_blocks: int, chunks: int, variant: str) -> list[tuple[int, 
     chunked: `chunks` contiguous, disjoint ranges, sizes as equal as possible (earlier chunks take the remainder).
     greedy: one block per chunk (`chunks` is ignored).
     overlapping: like chunked over the blocks, then every chunk after the first also starts one block earlier, so
-    consecutive chunks share a block (the shared block is trained by both chunks' losses).
+    consecutive chunks share a block (the shared block is trained by both chunks' losses; chunk c+1's input is the
+    shared block's input, see path_ranges).
     """
     if variant == "greedy":
         return [(b, b + 1) for b in range(num_blocks)]
@@ -25,6 +26,14 @@ def chunk_ranges(num_blocks: int, chunks: int, variant: str) -> list[tuple[int, 
     elif variant != "chunked":
         raise ValueError(f"unknown variant {variant!r} (chunked, greedy, overlapping)")
     return ranges
+
+
+def path_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The network path through chunks of `ranges`: segment c is chunk c's blocks that chunk c-1 does not hold, so
+    every block appears once, in order, and segment c ends with chunk c's last block (its head's input). Disjoint
+    chunks are their own path; for overlapping ones, chunk c+1's shared first block runs in segment c, and chunk c+1
+    continues from its output."""
+    return [(ranges[0][0] if c == 0 else ranges[c - 1][1], end) for c, (_, end) in enumerate(ranges)]
 
 
 def make_head(kind: str, feature_shape: tuple[int, ...], classes: int, hidden: int = 128) -> nn.Module:

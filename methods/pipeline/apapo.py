@@ -4,6 +4,7 @@ asynchronous pipeline with double-buffered weights, and computation overlapped w
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -12,7 +13,7 @@ from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
-from methods.blocks import VIRTUAL_DEFAULT_PARTS, uniform_split
+from methods.blocks import VIRTUAL_DEFAULT_PARTS, too_few, uniform_split
 from methods.pipeline import antichain, apapo_schedule, layers
 from methods.pipeline.hardware import hardware_for
 from methods.pipeline.interleaver import Interleaver
@@ -87,6 +88,25 @@ class APapo(PipelineMethod):
                 return "partition 'antichain' chooses the replicas itself: leave replicas unset"
             return super(PipelineMethod, cls).check_world_size(world_size, params)  # no one-stage-per-rank rule
         return super().check_world_size(world_size, params)
+
+    @classmethod
+    def check_model(cls, world_size: int, params: APapoParams, model: Callable[[], nn.Sequential]
+                    ) -> tuple[str, str] | None:
+        """Stages are cut from the layer graph: a plan of one rank per stage, or a uniform or listed partition,
+        needs a layer per stage (a replicating antichain plan chooses fewer stages itself)."""
+        if params.partition == "antichain" and params.replicate:
+            return None
+        count = layers.layer_count(model())
+        if params.partition == "antichain":
+            stages, field = cls.planned_workers(world_size, params), "world_size" if world_size > 1 else "stages"
+        else:
+            stages, field = cls.requested_stages(world_size, params), cls.stages_field(world_size, params)
+        if stages is not None and stages > count:
+            return field, too_few(stages, "stages", count, "layers")
+        if isinstance(params.partition, list) and params.partition[-1] > count:
+            return "partition", (f"partition {params.partition}: the layer graph has nodes 0..{count} "
+                                 f"(0 is the input)")
+        return None
 
     @classmethod
     def planned_workers(cls, world_size: int, params: APapoParams) -> int:

@@ -1,4 +1,4 @@
-"""Synchronous pipelines with a flush every minibatch: M microbatches, one update, the same gradient as SGD."""
+"""Synchronous pipelines with a flush every minibatch: M microbatches, one update, SGD's gradient (no BatchNorm)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ class FlushedPipeline(PipelineMethod):
     schedule, and applied in one update at the end: the flush. The last stage weighs each microbatch's mean loss by
     its share of the minibatch, so the accumulated gradient is the minibatch gradient of single-process SGD
     (transparency). A replicated stage's microbatches go round robin over its replicas, whose gradients are summed
-    before the update, so that holds with replication too."""
+    before the update, so that holds with replication too. Only for models without BatchNorm: with it, each
+    microbatch is normalised with its own statistics, and the step's gradient is sum_m |m|/|B| grad L(w; m) with
+    microbatch m's statistics (and the running statistics move once per microbatch), not SGD's (docs/methods.md)."""
 
     Params: ClassVar[type[FlushedParams]] = FlushedParams
     #: The schedule of one minibatch, one list per stage (S, M) -> Schedule; placed on the ranks by `place`.

@@ -42,6 +42,12 @@ class Interleaved1F1B(FlushedPipeline):
         return cls.ranks_for(world_size, params) * params.stages_per_rank
 
     @classmethod
+    def stages_field(cls, world_size: int, params: InterleavedParams) -> str:
+        if params.stages is not None:
+            return "stages"
+        return "world_size" if world_size > 1 else "stages_per_rank"
+
+    @classmethod
     def check_world_size(cls, world_size: int, params: InterleavedParams) -> str | None:
         v = params.stages_per_rank
         if params.replicas is not None:

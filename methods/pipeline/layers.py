@@ -32,6 +32,12 @@ class TracedModel:
     output: int
 
 
+def layer_count(model: nn.Module) -> int:
+    """The nodes of `model`'s layer graph besides the input (what `trace` profiles), from torch.fx's symbolic trace
+    alone: nothing runs, so a model on the meta device will do."""
+    return sum(1 for n in fx.symbolic_trace(model).graph.nodes if n.op not in ("placeholder", "output"))
+
+
 def trace(model: nn.Module, example: torch.Tensor, profile: bool = True, repeats: int = 5, warmup: int = 1
           ) -> TracedModel:
     """Trace `model` (one tensor in, one out), run `example` (a microbatch) through it node by node and profile every

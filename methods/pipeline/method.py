@@ -4,6 +4,7 @@ the pipeline."""
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from copy import deepcopy as copy_module
 from typing import Any, ClassVar, Literal
 
@@ -17,7 +18,7 @@ from harness.method import EvalResult, Method, RunContext, StepStats, TrainParam
 from harness.run.training import make_sgd
 from harness.trace import busy_s, span_s, wait_s
 from harness.trace_export import write_chrome_trace
-from methods.blocks import classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes
+from methods.blocks import classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
 from methods.pipeline import planning
 from methods.pipeline.codecs import Codec, make_codec
 from methods.pipeline.executor import Microbatches, ProcessExecutor, Trace, VirtualExecutor, Wire
@@ -108,6 +109,26 @@ class PipelineMethod(Method):
         if isinstance(params.partition, list) and stages is not None and len(params.partition) != stages - 1:
             return f"partition lists {len(params.partition)} boundaries; {stages} stages need {stages - 1}"
         return super().check_world_size(world_size, params)
+
+    @classmethod
+    def stages_field(cls, world_size: int, params: PipelineParams) -> str:
+        """The field the stage count of requested_stages comes from, for messages."""
+        if isinstance(params.replicas, list):
+            return "replicas"
+        return "stages" if params.stages is not None or world_size == 1 else "world_size"
+
+    @classmethod
+    def check_model(cls, world_size: int, params: PipelineParams, model: Callable[[], nn.Sequential]
+                    ) -> tuple[str, str] | None:
+        """Every stage needs a block: the stage count asked for must not exceed the model's blocks, nor may a
+        partition boundary lie past its last block."""
+        blocks = len(model())
+        stages = cls.requested_stages(world_size, params)
+        if stages is not None and stages > blocks:
+            return cls.stages_field(world_size, params), too_few(stages, "stages", blocks)
+        if isinstance(params.partition, list) and params.partition[-1] >= blocks:
+            return "partition", f"partition {params.partition}: the workload's model has blocks 0..{blocks - 1}"
+        return None
 
     # -- hooks -----------------------------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -14,7 +14,9 @@ from methods.reference.whole_model import WholeModelMethod
 class DDP(WholeModelMethod):
     """Each of W ranks takes its 1/W shard of the global batch B:
     g_r = grad L(w; B_r); g = (1/W) sum_r g_r (all-reduce, overlapped with backward by DDP); w <- SGD(w, g).
-    With equal shards, g is the gradient of the mean loss over B, so ddp follows sgd's trajectory.
+    With equal shards, g is the gradient of the mean loss over B, so ddp follows sgd's trajectory, for models without
+    BatchNorm: with it, each rank normalises its shard with the shard's statistics, so g is the mean of per-shard
+    gradients, and the running statistics are rank 0's (DDP broadcasts its buffers at every forward).
     """
 
     name = "ddp"
