@@ -210,15 +210,20 @@ def test_the_cli_prints_writes_claims_csv_and_exits_1_on_a_fail(suite: Path, tmp
 
 
 def test_the_report_shows_claims_beside_the_suite_file(suite: Path, tmp_path: Path) -> None:
-    page = build.write_report(suite).read_text()
-    assert "<h2>Claims</h2>" not in page and build.claim_file_for(suite, load_suite(suite)) is None
+    from harness.claims.section import claim_file_for, claims_page_section
+
+    def write_report(folder):  # as `dtbench report` does
+        return build.write_report(folder, extra_sections=[claims_page_section])
+
+    page = write_report(suite).read_text()
+    assert "<h2>Claims</h2>" not in page and claim_file_for(suite, load_suite(suite)) is None
     inside = claim_file(suite / "fake.claims.toml", claim("bytes", "total_bytes", "ratio_le", 0.02))
-    assert build.claim_file_for(suite, load_suite(suite)) == inside  # in the results folder, as a fallback
+    assert claim_file_for(suite, load_suite(suite)) == inside  # in the results folder, as a fallback
     beside = claim_file(suite.parent / "fake.claims.toml", claim("bytes", "total_bytes", "ratio_le", 0.02))
-    assert build.claim_file_for(suite, load_suite(suite)) == beside  # beside the suite file fake.toml: first
-    page = build.write_report(suite).read_text()
+    assert claim_file_for(suite, load_suite(suite)) == beside  # beside the suite file fake.toml: first
+    page = write_report(suite).read_text()
     assert "<h2>Claims</h2>" in page and '<td class="PASS">PASS</td>' in page
     assert (suite / "report" / "claims.csv").exists()
     beside.write_text("[[claim]]\nid = 1\n")
-    page = build.write_report(suite).read_text()
+    page = write_report(suite).read_text()
     assert "The claim file could not be judged" in page and "claim[0].id" in page

@@ -34,10 +34,11 @@ def add(verbs) -> None:
 def report_verb(args: argparse.Namespace, argv: list[str]) -> int:
     if not args.suite_dir.is_dir():
         return fail(f"{args.suite_dir}: no such results folder")
+    from harness.claims.section import claims_page_section
     from harness.report.build import write_report
 
     try:
-        index = write_report(args.suite_dir, args.out, args.baseline)
+        index = write_report(args.suite_dir, args.out, args.baseline, extra_sections=[claims_page_section])
     except ValueError as exc:
         return fail(str(exc))
     print(f"report written: {index}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -37,38 +38,14 @@ def choose_baseline(table: pd.DataFrame, requested: str | None = None) -> tuple[
     return known[0], f"default: no {DEFAULT_BASELINE_METHOD} run, so the first run's label"
 
 
-def claim_file_for(suite_dir: Path, runs: list[RunResult]) -> Path | None:
-    """The claim file beside the suite: `<stem>.claims.toml` next to the suite file the runs were made from
-    (spec.json's suite_file), else `<suite name>.claims.toml` in the results folder; None when there is neither."""
-    for run in runs:
-        suite_file = run.spec.get("suite_file")
-        if suite_file:
-            beside = Path(suite_file).with_name(f"{Path(suite_file).stem}.claims.toml")
-            if beside.is_file():
-                return beside
-    name = str(runs[0].spec.get("suite") or suite_dir.name) if runs else suite_dir.name
-    inside = suite_dir / f"{name}.claims.toml"
-    return inside if inside.is_file() else None
+#: A maker of an extra page section: (suite_dir, runs, summary table, out_dir) -> the section's HTML, or None for
+#: no section. It may write files of its own into out_dir. The claims package provides one (harness/claims/section.py),
+#: so the report does not depend on the packages that build on it.
+SectionMaker = Callable[[Path, list[RunResult], pd.DataFrame, Path], "str | None"]
 
 
-def claims_section(table: pd.DataFrame, path: Path, out_dir: Path) -> str:
-    """The Claims section for the claim file at `path` (claims.csv written to out_dir), or the one-line error that
-    kept it from being judged."""
-    import html
-
-    from harness.claims.evaluate import claims_html, evaluate_claims
-    from harness.claims.model import load_claims
-    from harness.suite.files import FileError
-
-    try:
-        verdicts = evaluate_claims(table, load_claims(path), path)
-    except FileError as exc:
-        return f'<h2>Claims</h2>\n<p class="failure">The claim file could not be judged: {html.escape(str(exc))}</p>\n'
-    verdicts.to_csv(out_dir / "claims.csv", index=False)
-    return claims_html(verdicts, path)
-
-
-def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, baseline: str | None = None) -> Path:
+def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, baseline: str | None = None,
+                 extra_sections: Sequence[SectionMaker] = ()) -> Path:
     """Write summary.csv, the PNG plots and index.html for a suite folder; return the path of index.html.
 
     Plots: accuracy against train time and epochs, time to target, bytes per sample, probability of improvement over
@@ -77,8 +54,8 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     span more than one network) throughput, time to target and speed-up over the baseline against the link rate,
     with a 'By network' section on the page. `baseline` is the label comparisons are made against (choose_baseline);
     the page names the one it used. A 'Robust comparisons' section gives IQM, probability of improvement, the MLPerf
-    result and AlgoPerf scores; a Claims section (and claims.csv) appears when a claim file sits beside the suite
-    (claim_file_for); runs starved of CPU are named in a warning at the top.
+    result and AlgoPerf scores; each of `extra_sections` may add a section after it (`dtbench report` passes the
+    Claims section: harness/claims/section.py); runs starved of CPU are named in a warning at the top.
 
     out_dir defaults to suite_dir/report. Aggregates, curves and bar plots use the completed runs (every run
     when none completed); the summary table lists every run. Raises ValueError when the folder holds no run or the
@@ -123,9 +100,10 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
                 profile, styles.label_styles(used_table.assign(
                     label=comparisons.with_keys(used_table)["method_label"])))
     sections = [comparisons.comparisons_html(robust, scores, baseline_label)]
-    claim_file = claim_file_for(suite_dir, runs)
-    if claim_file is not None:
-        sections.append(claims_section(table, claim_file, out_dir))
+    for make in extra_sections:
+        extra = make(suite_dir, runs, table, out_dir)
+        if extra:
+            sections.append(extra)
     heads = local.head_accuracies(used)
     if not heads.empty:
         plots["head_accuracy.png"] = local.plot_head_accuracy(heads)
