@@ -15,10 +15,12 @@ from pathlib import Path
 
 from harness.launch import warm
 from harness.launch.failures import describe_failure, error_time
+from harness.launch.hang import StallJudge, hang_error
 from harness.launch.progress import MetricsTail
 from harness.net import emulation
 from harness.net.namespaces import NetworkError, enter
 from harness.run.checkpoint import STOP
+from harness.run.heartbeat import Heartbeat, SharedSlots, beat_interval
 from harness.run.records import write_status
 from harness.run.worker import Rendezvous, run_rank
 from harness.suite.spec import RunSpec
@@ -35,16 +37,19 @@ class LaunchResult:
 
 
 def _entry(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, argv: list[str], resume: bool,
-           netns: str | None = None, network_info: dict | None = None, launched_at: float | None = None) -> None:
+           netns: str | None = None, network_info: dict | None = None, launched_at: float | None = None,
+           slots: SharedSlots | None = None, beat_s: float = 1.0) -> None:
     if netns is not None:  # first thing: no socket or thread may exist before the rank is in its namespace
         enter(netns)
         os.environ["GLOO_SOCKET_IFNAME"] = emulation.IFNAME
+    # The launcher's hang watch reads this rank's progress from shared memory (harness/run/heartbeat.py).
+    heartbeat = Heartbeat(slots.writer(rank) if slots is not None else None, beat_s).start()
     # SIGUSR2 on any rank (from a batch system, or a person) stops the run after a checkpoint: state preempted,
     # and `dtbench run --resume` goes on from there.
     STOP.install(stop_on=(signal.SIGUSR2,))
     warm.release_stop_signals()  # one that came while the rank was starting is handled now
     code = run_rank(spec_json, rank, rdzv, run_dir, "local", True, argv, resume=resume, network=network_info,
-                    launched_at=launched_at)
+                    launched_at=launched_at, heartbeat=heartbeat)
     # Leave without the interpreter's teardown: every file is written and closed and the process group destroyed,
     # and a C++ thread torn down late at exit has aborted a finished rank ("terminate called without an active
     # exception", seen once in a CI smoke run), which the launcher would then report as a failed run.
@@ -54,10 +59,15 @@ def _entry(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, argv: list
 
 
 def _terminate(procs: list[multiprocessing.process.BaseProcess]) -> None:
-    """SIGTERM every live rank, then SIGKILL whatever is left after a short grace period."""
+    """SIGTERM every live rank, then SIGKILL whatever is left after a short grace period. A stopped rank (SIGSTOP)
+    is continued after its SIGTERM, so that it ends at once instead of after the grace period."""
     for p in procs:
         if p.exitcode is None:
             p.terminate()
+            try:
+                os.kill(p.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
     deadline = time.monotonic() + TERM_GRACE_S
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
@@ -75,7 +85,9 @@ def launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None]
 
     The launcher hosts the rendezvous store (on a free port it picked itself), so ranks never race for a port. If a
     rank exits with an error or is killed, the remaining ranks are torn down at once and the run is marked failed,
-    naming that rank. Ctrl-C tears everything down too.
+    naming that rank. Ctrl-C tears everything down too. A run whose ranks make no progress for
+    spec.hang_timeout_s (a stopped or stuck rank, harness/run/heartbeat.py) is torn down the same way and failed,
+    naming the rank that stalled.
 
     With spec.network, every rank runs in its own network namespace on an emulated network (harness/net/emulation.py),
     built before the ranks start and removed after they have all ended, whatever happened.
@@ -105,12 +117,16 @@ def _launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None
     argv = list(argv if argv is not None else sys.argv)
     info = topology.describe() if topology is not None else None
     launched_at = time.time()
+    slots = SharedSlots(ctx, spec.world_size)
     procs = [warm.process(ctx, _entry, (spec_json, r, rdzv, str(run_dir), argv, resume,
-                                        topology and topology.ranks[r], info, launched_at), f"rank{r}")
+                                        topology and topology.ranks[r], info, launched_at, slots,
+                                        beat_interval(spec.hang_timeout_s)), f"rank{r}")
              for r in range(spec.world_size)]
     with warm.held_stop_signals():  # a spawned rank inherits the mask (forked ones get the server's)
         for p in procs:
             p.start()
+    # Counted from here: with the warm forkserver a rank starts from imported modules, in milliseconds.
+    judge = StallJudge(spec.world_size, spec.hang_timeout_s, time.monotonic())
     write_status(run_dir, "running", pids={str(r): p.pid for r, p in enumerate(procs)})
     tail = MetricsTail(run_dir / "metrics.jsonl")
     failure: dict | None = None
@@ -124,6 +140,17 @@ def _launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None
                 _terminate(procs)
                 break
             if len(ended) == len(procs):
+                break
+            now = time.monotonic()
+            for r in range(len(procs)):
+                if procs[r].exitcode is None:
+                    judge.observe(r, *slots.read(r), now)
+                else:
+                    judge.ended(r)
+            stalled = judge.verdict(now)
+            if stalled is not None:
+                failure = hang_error(stalled, spec.hang_timeout_s)
+                _terminate(procs)
                 break
             if progress is not None:
                 tail.poll()

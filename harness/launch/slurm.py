@@ -136,7 +136,8 @@ class SlurmRun:
     USR2 (SLURM's warning before the time limit, or a preemption sent as submitit does) and SIGTERM (a requeue or
     a cancel by the scheduler) make the ranks checkpoint after the same step and stop. After USR2, rank 0 asks
     SLURM to requeue the job (up to max_requeues times); after SIGTERM the scheduler decides. A requeued job
-    resumes from the run's checkpoint.
+    resumes from the run's checkpoint. A run whose ranks make no progress for the spec's hang_timeout_s is failed
+    and its job killed by the ranks' own hang watch (harness/launch/slurm_watch.py).
     """
 
     spec_json: str
@@ -148,7 +149,9 @@ class SlurmRun:
     def __call__(self) -> str:
         import submitit
 
+        from harness.launch.slurm_watch import StoreWatch
         from harness.run.checkpoint import STOP
+        from harness.run.heartbeat import Heartbeat, beat_interval
         from harness.run.worker import Rendezvous, run_rank
 
         STOP.install(requeue_on=(signal.SIGUSR2,), stop_on=(signal.SIGTERM,))
@@ -159,7 +162,16 @@ class SlurmRun:
         if dist_env.rank == 0:
             write_status(run_dir, "running", slurm_job_id=job.job_id, restarts=restarts, hosts=job.hostnames)
         rdzv = Rendezvous(dist_env.master_addr, dist_env.master_port, store_is_external=False)
-        code = run_rank(self.spec_json, dist_env.rank, rdzv, self.run_dir, "slurm", True, self.argv, resume=True)
+        timeout_s = RunSpec.model_validate_json(self.spec_json).hang_timeout_s
+        scancel = self.commands.get("scancel", "scancel")
+        watch = StoreWatch(dist_env.rank, dist_env.world_size, rdzv.master_addr, rdzv.master_port, timeout_s,
+                           lambda error: _end_hung_job(run_dir, job.job_id, restarts, scancel, error),
+                           connect_timeout_s=rdzv.timeout_s)
+        heartbeat = Heartbeat(watch.publish, beat_interval(timeout_s)).start()
+        code = run_rank(self.spec_json, dist_env.rank, rdzv, self.run_dir, "slurm", True, self.argv, resume=True,
+                        heartbeat=heartbeat)
+        heartbeat.stop()
+        watch.ended(failed=code != 0)
         if code != 0:
             error = _first_failure(run_dir, dist_env.world_size)
             write_status(run_dir, "failed", error=error, slurm_job_id=job.job_id, restarts=restarts)
@@ -182,6 +194,20 @@ class SlurmRun:
         import submitit
 
         return submitit.helpers.DelayedSubmission(self)
+
+
+def _end_hung_job(run_dir: Path, job_id: str, restarts: int, scancel: str, error: dict) -> None:
+    """The hang watch's verdict (harness/launch/slurm_watch.py): the run is failed naming the stalled rank, and
+    every task of the job is killed (SIGKILL ends a stopped process too; no handler runs, so no rank writes a
+    status after this one). Runs on a rank's heartbeat thread; this process ends here."""
+    write_status(run_dir, "failed", error=error, slurm_job_id=job_id, restarts=restarts)
+    print(f"dtbench: {error['message']}: killing job {job_id}", file=sys.stderr, flush=True)
+    try:
+        subprocess.run([scancel, "--signal=KILL", job_id], timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"dtbench: {scancel} failed ({exc}); this rank exits, the stalled one lingers until the time limit",
+              file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def _state(run_dir: Path) -> str:

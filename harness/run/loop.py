@@ -16,6 +16,7 @@ from harness.data.tensors import Batch, DataOrder, TensorData
 from harness.method import EvalResult, Method
 from harness.run import checkpoint, checkpoint_files
 from harness.run.clock import TrainClock
+from harness.run.heartbeat import Heartbeat
 from harness.run.records import MetricsWriter
 from harness.run.schedule import LrSchedule
 from harness.run.usage import UsageSample, usage_record
@@ -75,11 +76,15 @@ class Loop:
     harness/run/checkpoint_files.py) are written every spec.checkpoint_every_steps steps, at the end of the run
     when that is set, and when a stop is requested (checkpoint.STOP: a preemption or time-limit signal on any
     rank, agreed in the control round so that every rank stops after the same step). `restore` resumes from one.
+
+    `heartbeat` (harness/run/heartbeat.py) is told where each training step begins and ends, for a hang watch.
     """
 
     def __init__(self, spec: RunSpec, method: Method, train: TensorData, test: TensorData, comm: Communicator,
-                 writer: MetricsWriter, clock: TrainClock, run_dir: Path | None = None):
+                 writer: MetricsWriter, clock: TrainClock, run_dir: Path | None = None,
+                 heartbeat: Heartbeat | None = None):
         self.spec, self.method, self.train, self.test = spec, method, train, test
+        self.heartbeat = heartbeat or Heartbeat()
         self.comm, self.writer, self.clock = comm, writer, clock
         self.run_dir = run_dir
         self.spec_json = spec.model_dump_json()
@@ -160,6 +165,7 @@ class Loop:
         Returns (diverged, time budget spent, evaluation due, stop), the same on every rank. `stop` is the number
         of a signal that asked some rank to stop (the largest, if several did), or 0.
         """
+        self.heartbeat.begin_step()
         batch = Batch(self.step, self.order.epoch_of(self.step), self.order.batch(self.step), self.train,
                       self.spec.seed)
         if not self.schedule.is_constant:
@@ -174,6 +180,7 @@ class Loop:
         diverged, time_up, eval_by_time, stop = self._agree(self._diverged_at is not None, self._last(),
                                                             checkpoint.STOP.signum)
         eval_by_steps = bool(self.plan.eval_every_steps) and self.step % self.plan.eval_every_steps == 0
+        self.heartbeat.end_step()
         return diverged, time_up, eval_by_steps or eval_by_time, stop
 
     def set_lr(self, step: int) -> None:

@@ -11,6 +11,10 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.run.heartbeat import Heartbeat
 
 ERROR_FILE = "error-rank{rank}.json"
 
@@ -68,7 +72,8 @@ class StartupClock:
 
 def run_rank(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, launcher: str = "local",
              redirect: bool = True, argv: list[str] | None = None, resume: bool = False,
-             network: dict | None = None, launched_at: float | None = None) -> int:
+             network: dict | None = None, launched_at: float | None = None,
+             heartbeat: Heartbeat | None = None) -> int:
     """Run one rank of a run to the end. Returns the process exit code (0: the run ended, completed, diverged or
     preempted; status.json says which).
 
@@ -76,15 +81,16 @@ def run_rank(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, launcher
     _load_checkpoint) is continued from (metrics.jsonl is cut back to it first); without one the run starts at step
     0. `network`: the emulated network the launcher built (Topology.describe()), recorded
     in manifest.json. `launched_at`: the launcher's time.time() when it started this process, for the `startup`
-    record. On an exception the traceback goes to the rank's log and its first line to error-rank<r>.json, which
-    the launcher reads to name the failing rank in status.json.
+    record. `heartbeat`: this rank's harness.run.heartbeat.Heartbeat (started by the launcher), which the loop
+    tells where each step begins and ends, for the hang watch. On an exception the traceback goes to the rank's log
+    and its first line to error-rank<r>.json, which the launcher reads to name the failing rank in status.json.
     """
     startup = StartupClock(launched_at)
     run_path = Path(run_dir)
     if redirect:
         _redirect_output(run_path, rank)
     try:
-        return _run(spec_json, rank, rdzv, run_path, launcher, argv, resume, network, startup)
+        return _run(spec_json, rank, rdzv, run_path, launcher, argv, resume, network, startup, heartbeat)
     except BaseException as exc:  # noqa: BLE001 - everything a rank dies of is reported
         traceback.print_exc()
         message = f"{type(exc).__name__}: {exc}".splitlines()[0][:2000]
@@ -131,7 +137,8 @@ def _load_checkpoint(spec, run_dir: Path, rank: int, comm) -> tuple[dict | None,
 
 
 def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: str, argv: list[str] | None,
-         resume: bool = False, network: dict | None = None, startup: StartupClock | None = None) -> int:
+         resume: bool = False, network: dict | None = None, startup: StartupClock | None = None,
+         heartbeat: Heartbeat | None = None) -> int:
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -189,7 +196,7 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     torch.manual_seed(spec.seed + 1 + rank)  # per-rank stream for stochastic methods (compression, dropout)
     startup.mark("method")
 
-    loop = Loop(spec, method, instance.train, instance.test, comm, writer, clock, run_dir)
+    loop = Loop(spec, method, instance.train, instance.test, comm, writer, clock, run_dir, heartbeat)
     if spec.checkpoint_every_steps and not loop.checkpointable and rank == 0:
         print(f"dtbench: method {spec.method!r} does not support checkpoints: checkpoint_every_steps is ignored "
               "and a preempted run starts over", flush=True)

@@ -31,6 +31,7 @@ class RunEntry(BaseModel):
                                                   "launcher), e.g. [[0], [1], [1]]: two ranks share a core")
     budget: Budget | None = None
     nodes: int | None = Field(default=None, ge=1)
+    hang_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
     network: NetworkSpec | None = None
 
 
@@ -49,6 +50,9 @@ class SuiteFile(BaseModel):
     deterministic: bool = True
     log_every_steps: int = Field(default=1, ge=1)
     checkpoint_every_steps: int | None = Field(default=None, ge=1)
+    hang_timeout_s: float = Field(default=60.0, gt=0, allow_inf_nan=False, strict=True,
+                                  description="seconds a run's ranks may make no progress before it is torn "
+                                  "down and failed (docs/suites.md)")
     nodes: int = Field(default=1, ge=1, description="SLURM nodes per run; world_size / nodes tasks on each")
     data_root: str | None = None
     network: NetworkSpec | None = None
@@ -149,6 +153,7 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
                 world_size=entry.world_size, seed=seed, params=params.model_dump(), budget=budget,
                 threads_per_rank=threads, cpus_per_rank=cpus, deterministic=suite.deterministic,
                 log_every_steps=suite.log_every_steps, checkpoint_every_steps=suite.checkpoint_every_steps,
+                hang_timeout_s=entry.hang_timeout_s or suite.hang_timeout_s,
                 nodes=nodes, data_root=suite.data_root, suite_file=str(path.resolve()), network=run_network,
                 method_origin=method_entry.origin, workload_origin=workload_entry.origin,
             ))

@@ -69,6 +69,7 @@ class RunSpec(BaseModel):
     cpus_per_rank: list[list[int]] | None = None  # rank r runs on CPUs cpus_per_rank[r] (sched_setaffinity)
     log_every_steps: int
     checkpoint_every_steps: int | None = None
+    hang_timeout_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)  # no progress this long: torn down
     nodes: int = 1
     data_root: str | None = None
     suite_file: str | None = None
