@@ -10,7 +10,7 @@ from methods.pipeline.interleaver import Interleaver, validate
 from methods.pipeline.placement import Placement, place
 from methods.pipeline.schedule import Op, compute_order, one_f_one_b
 
-CASES = [(s, m, k) for s in (1, 2, 3, 4) for m in (1, 2, 3, 5) for k in (1, 2, 3)]
+CASES = [(s, m, k) for s in (1, 2, 3, 4) for m in (1, 2, 3, 4, 5) for k in (1, 2, 3)]
 
 
 @pytest.mark.parametrize("stages,microbatches,k", CASES)

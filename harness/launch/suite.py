@@ -133,7 +133,7 @@ def submit_specs(specs: list[RunSpec], out: Path, site, resume: bool = False, ar
                  suite_file: Path | None = None) -> list:
     """Prepare the run folders (as run_specs does, --resume included) and submit the runs to SLURM at once.
 
-    Returns launch_slurm.Submitted items; completed runs skipped by --resume are not submitted.
+    Returns harness.launch.slurm.Submitted items; completed runs skipped by --resume are not submitted.
     """
     from harness.launch.slurm import submit
 
