@@ -18,6 +18,8 @@ from harness.report import build, tables
 from harness.results import load_suite
 from harness.suite.files import FileError
 
+ROOT = Path(__file__).resolve().parent.parent
+
 TARGET = 0.9
 
 
@@ -227,3 +229,20 @@ def test_the_report_shows_claims_beside_the_suite_file(suite: Path, tmp_path: Pa
     beside.write_text("[[claim]]\nid = 1\n")
     page = write_report(suite).read_text()
     assert "The claim file could not be judged" in page and "claim[0].id" in page
+
+
+@pytest.mark.parametrize("claims_path", sorted((ROOT / "suites").glob("*.claims.toml")), ids=lambda p: p.name)
+def test_every_shipped_claim_file_loads_and_names_runs_of_its_suite(claims_path: Path) -> None:
+    from harness.claims.evaluate import matching_rows
+    from harness.suite.expand import expand_suite
+
+    claims = load_claims(claims_path)
+    suite = claims_path.with_name(claims_path.name.replace(".claims.toml", ".toml"))
+    if not suite.exists():
+        pytest.skip(f"no suite file beside {claims_path.name}")
+    specs = expand_suite(suite, None, None)
+    table = pd.DataFrame({"label": [s.label for s in specs], "method": [s.method for s in specs],
+                          "network": [""] * len(specs)})
+    for claim in claims.claim:
+        for name in (claim.method, claim.baseline):
+            assert matching_rows(table, name).any(), f"{claim.id}: {name!r} names no run of {suite.name}"
