@@ -90,3 +90,22 @@ def test_overlap_accounting_joins_sends_and_arrivals():
     assert stage1["exposed_s"] == pytest.approx(1.0) and stage1["hidden_s"] == pytest.approx(1.0)
     assert summary["hidden_share"] == pytest.approx(0.5)
     assert summary["stages"][0]["compute_s"] == pytest.approx(1.0)
+
+
+def test_a_transfer_its_sender_sat_blocked_in_is_not_hidden():
+    """Overlap off: gloo's send blocks until the receive is posted, so the receiver computing meanwhile hides
+    nothing: the sender waited."""
+    def trace(worker, events):
+        return {"kind": "trace", "step": 1, "worker": worker, "events": events}
+
+    records = [
+        # stage 0 sends act 0 from 1 and blocks until 2.5; stage 1 computes 0..2, waits from 2 to 3
+        trace(0, [["forward", 0, 0.0, 1.0, 0, 0, 0], ["send_act", 0, 1.0, 2.5, -1, 0, 0]]),
+        trace(1, [["forward", 9, 0.0, 2.0, 0, 1, 0], ["recv_act", 0, 2.0, 3.0, -1, 1, 0]]),
+        {"kind": "arrivals", "step": 1, "worker": 1, "messages": [["act", 0, 0, 0, 3.0]]},
+    ]
+    stage1 = overlap_summary(records)["stages"][1]
+    assert stage1["comm_s"] == pytest.approx(2.0)
+    assert stage1["hidden_s"] == pytest.approx(0.0)  # 1..2.5 the sender waited, 2..3 the receiver
+    records[0]["events"][1] = ["send_act", 0, 1.0, 1.5, -1, 0, 0]  # the send returns at 1.5: 1.5..2 is hidden
+    assert overlap_summary(records)["stages"][1]["hidden_s"] == pytest.approx(0.5)

@@ -86,14 +86,16 @@ def _message(op: str, stage: int, iteration: int, mb: int) -> Message:
 def overlap_summary(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Per stage, over the traced steps: compute_s (forwards, backwards, updates), comm_s (for each message the stage
     received: from its send's start on the sender to its arrival here, both on the host's one clock), exposed_s (the
-    part of comm_s the stage spent waiting in the receive, plus the time its sends blocked) and hidden_s = comm_s
-    minus the waited part: communication that ran while the stage computed. A receive without a noted arrival (a
-    blocking one) arrived when its wait ended. hidden_share = sum hidden / sum comm.
+    part of comm_s the stage spent waiting in the receive, plus the time its sends blocked) and hidden_s: the part
+    of each received message's flight during which neither end waited on it (neither the receiver in its receive
+    nor the sender in its send, e.g. gloo's send blocking until the receive is posted): communication that ran
+    while both stages computed. A receive without a noted arrival (a blocking one) arrived when its wait ended.
+    hidden_share = sum hidden / sum comm.
 
     records: metrics.jsonl records, `trace` ones ({step, worker, events}) and `arrivals` ones ({step, worker,
     messages: [[kind, stage, iteration, mb, time], ...]}). Messages are told apart by (kind, stage, iteration, mb),
     unique in a run of apapo (global microbatch numbers)."""
-    sends: dict[Message, float] = {}
+    sends: dict[Message, tuple[float, float]] = {}  # (start, end) of the send
     receives: list[tuple[int, Message, float, float]] = []  # (stage, message, wait start, wait end)
     arrivals: dict[Message, float] = {}
     stages: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -108,30 +110,42 @@ def overlap_summary(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
             if e.op in COMPUTE_OPS:
                 row["compute_s"] += e.duration
             elif e.op in SEND_OF.values():
-                sends[_message(e.op, e.stage, e.iteration, e.mb)] = e.start
+                sends[_message(e.op, e.stage, e.iteration, e.mb)] = (e.start, e.end)
                 row["send_blocked_s"] += e.duration
             elif e.op in SEND_OF:
                 receives.append((e.stage, _message(e.op, e.stage, e.iteration, e.mb), e.start, e.end))
     for stage, message, wait_start, wait_end in receives:
-        sent = sends.get(message)
-        if sent is None:  # sent in an untraced step: not counted
+        if message not in sends:  # sent in an untraced step: not counted
             continue
+        sent, send_end = sends[message]
         arrived = max(arrivals.get(message, wait_end), sent)
         waited = max(0.0, min(wait_end, arrived) - max(wait_start, sent))
         row = stages[stage]
         row["comm_s"] += arrived - sent
         row["waited_s"] += waited
+        row["unhidden_s"] += _covered(sent, arrived, [(wait_start, wait_end), (sent, send_end)])
         row["messages"] += 1
     out = []
     for stage in sorted(stages):
         row = stages[stage]
         comm, waited = row["comm_s"], row["waited_s"]
         out.append({"stage": stage, "compute_s": row["compute_s"], "comm_s": comm,
-                    "exposed_s": waited + row["send_blocked_s"], "hidden_s": max(0.0, comm - waited),
+                    "exposed_s": waited + row["send_blocked_s"], "hidden_s": max(0.0, comm - row["unhidden_s"]),
                     "messages": int(row["messages"])})
     comm = sum(r["comm_s"] for r in out)
     return {"stages": out, "comm_s": comm, "exposed_s": sum(r["exposed_s"] for r in out),
             "hidden_share": sum(r["hidden_s"] for r in out) / comm if comm > 0 else None}
+
+
+def _covered(start: float, end: float, intervals: list[tuple[float, float]]) -> float:
+    """The length of [start, end] that the union of `intervals` covers."""
+    clipped = sorted((max(a, start), min(b, end)) for a, b in intervals if min(b, end) > max(a, start))
+    total, reach = 0.0, start
+    for a, b in clipped:
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
