@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
 from datetime import datetime, timezone
+from html import escape as html_escape
 from pathlib import Path
 
 import pandas as pd
@@ -42,13 +44,32 @@ def claim_file_for(suite_dir: Path, runs: list[RunResult]) -> Path | None:
     (spec.json's suite_file), else `<suite name>.claims.toml` in the results folder; None when there is neither."""
     for run in runs:
         suite_file = run.spec.get("suite_file")
-        if suite_file:
+        if isinstance(suite_file, str) and Path(suite_file).name:
             beside = Path(suite_file).with_name(f"{Path(suite_file).stem}.claims.toml")
-            if beside.is_file():
+            if _is_file(beside):
                 return beside
     name = str(runs[0].spec.get("suite") or suite_dir.name) if runs else suite_dir.name
     inside = suite_dir / f"{name}.claims.toml"
-    return inside if inside.is_file() else None
+    return inside if Path(name).name == name and _is_file(inside) else None
+
+
+def _is_file(path: Path) -> bool:
+    """Path.is_file, False too for a path the system refuses (too long, a NUL in it)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def dropped_lines_text(runs: list[RunResult]) -> str:
+    """One line on the corrupt metrics.jsonl lines the runs' readers skipped ('' when none): how many, in which runs."""
+    dropped = [(run.run_dir.name, run.dropped_lines) for run in runs if run.dropped_lines]
+    if not dropped:
+        return ""
+    shown = ", ".join(f"{name}: {count}" for name, count in dropped[:5]) + (", ..." if len(dropped) > 5 else "")
+    total = sum(count for _, count in dropped)
+    return (f"skipped {total} corrupt line{'s' if total > 1 else ''} of metrics.jsonl in {len(dropped)} "
+            f"run{'s' if len(dropped) > 1 else ''} ({shown}); the rest of each file was read")
 
 
 def claims_section(table: pd.DataFrame, path: Path, out_dir: Path) -> str:
@@ -71,6 +92,9 @@ def claims_section(table: pd.DataFrame, path: Path, out_dir: Path) -> str:
 def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, baseline: str | None = None) -> Path:
     """Write summary.csv, the PNG plots and index.html for a suite folder; return the path of index.html.
 
+    Corrupt lines of the runs' metrics.jsonl are skipped (each with a warning): the page and one more warning say
+    how many, in which runs (dropped_lines_text).
+
     Plots: accuracy against train time and epochs, time to target, bytes per sample, probability of improvement over
     the baseline, (when the runs span several workloads) AlgoPerf performance profiles, (when some run has
     auxiliary heads) per-chunk head accuracy, a Gantt chart of a traced step per pipeline label, and (when the runs
@@ -88,6 +112,9 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     runs = load_suite(suite_dir)
     if not runs:
         raise ValueError(f"{suite_dir}: no runs found (no */spec.json)")
+    dropped = dropped_lines_text(runs)
+    if dropped:
+        warnings.warn(f"{suite_dir}: {dropped}", stacklevel=2)
     table = tables.summary(runs)
     baseline_label, chosen = choose_baseline(table, baseline)
     out_dir = Path(out_dir) if out_dir is not None else suite_dir / "report"
@@ -147,7 +174,9 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     html = page.render_html(suite, generated, table, tables.aggregate(table, ("completed",) if completed else None),
                             tables.failures(runs), images, scope, sections, (baseline_label, chosen),
-                            [hygiene.noisy_html(table)])
+                            [hygiene.noisy_html(table),
+                             f'<p class="warning"><b>Corrupt records.</b> {html_escape(dropped)}.</p>\n' if dropped
+                             else ""])
     index = out_dir / "index.html"
     index.write_text(html, encoding="utf-8")
     return index
