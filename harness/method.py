@@ -25,7 +25,7 @@ class TrainParams(BaseModel):
     with `lr` and exposes them through `Method.optimizers`.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # no inf lr, no NaN momentum
 
     batch_size: int = Field(default=32, ge=1)
     lr: float = Field(default=0.05, gt=0)

@@ -152,7 +152,10 @@ def _adapt_workload(obj: Any) -> Any:
 
     if isinstance(obj, Workload):
         return obj
-    made = obj()
+    try:
+        made = obj()
+    except Exception as exc:  # a plug-in's factory, or a function that is none (os.path:join): one line, no traceback
+        raise RegistryError(f"{obj!r} raised {type(exc).__name__} when called to make the workload: {exc}") from None
     if not isinstance(made, Workload):
         raise RegistryError(f"{obj!r} returned a {type(made).__name__}, not a harness.data.workload.Workload")
     return made

@@ -18,13 +18,21 @@ def claim_file_for(suite_dir: Path, runs: list[RunResult]) -> Path | None:
     (spec.json's suite_file), else `<suite name>.claims.toml` in the results folder; None when there is neither."""
     for run in runs:
         suite_file = run.spec.get("suite_file")
-        if suite_file:
+        if isinstance(suite_file, str) and Path(suite_file).name:
             beside = Path(suite_file).with_name(f"{Path(suite_file).stem}.claims.toml")
-            if beside.is_file():
+            if _is_file(beside):
                 return beside
     name = str(runs[0].spec.get("suite") or suite_dir.name) if runs else suite_dir.name
     inside = suite_dir / f"{name}.claims.toml"
-    return inside if inside.is_file() else None
+    return inside if Path(name).name == name and _is_file(inside) else None
+
+
+def _is_file(path: Path) -> bool:
+    """Path.is_file, False too for a path the system refuses (too long, a NUL in it)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def claims_section(table: pd.DataFrame, path: Path, out_dir: Path) -> str:

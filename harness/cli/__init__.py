@@ -7,6 +7,7 @@ import gc
 import signal
 import sys
 import threading
+import warnings
 
 from harness.cli import claims, jobs, netcheck, project, report, run
 from harness.cli.common import EPILOG
@@ -34,7 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
     try:
-        return args.handler(args, argv if argv is not None else sys.argv[1:])
+        with warnings.catch_warnings():
+            if argv is None:  # the command line: warnings as one line each; a caller in-process keeps its own
+                warnings.showwarning = _warning_line
+            return args.handler(args, argv if argv is not None else sys.argv[1:])
     except KeyboardInterrupt:
         print("dtbench: interrupted; the running run was torn down and marked failed", file=sys.stderr)
         return 130
@@ -45,6 +49,12 @@ def main(argv: list[str] | None = None) -> int:
             # The command line's process ends next: spare the interpreter's exit its collections over every
             # object the imports made (about 0.25 s with torch loaded here, docs/benchmarks.md "Start-up").
             gc.freeze()
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning (a skipped corrupt record, an ignored field) as one line on stderr, as errors are: no source line."""
+    text = " ".join(str(message).split())
+    print(f"dtbench: warning: {text}", file=file if file is not None else sys.stderr)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -53,8 +53,11 @@ def claims_verb(args: argparse.Namespace, argv: list[str]) -> int:
     except FileError as exc:
         return fail(str(exc))
     out = args.out if args.out is not None else args.suite_dir / "report"
-    out.mkdir(parents=True, exist_ok=True)
-    verdicts.to_csv(out / "claims.csv", index=False)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        verdicts.to_csv(out / "claims.csv", index=False)
+    except OSError as exc:  # e.g. a file where the folder goes
+        return fail(f"{exc.filename or out}: cannot write claims.csv: {exc.strerror or exc}")
     warning = hygiene.noisy_warning(table)
     if warning:
         print(f"dtbench: warning: {warning}", file=sys.stderr)

@@ -41,6 +41,8 @@ def report_verb(args: argparse.Namespace, argv: list[str]) -> int:
         index = write_report(args.suite_dir, args.out, args.baseline, extra_sections=[claims_page_section])
     except ValueError as exc:
         return fail(str(exc))
+    except OSError as exc:  # e.g. a file where the report folder goes
+        return fail(f"{exc.filename or args.suite_dir}: cannot write the report: {exc.strerror or exc}")
     print(f"report written: {index}")
     return 0
 

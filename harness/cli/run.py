@@ -136,17 +136,22 @@ def _warm_up() -> None:
 def rerun_one(args: argparse.Namespace, argv: list[str]) -> int:
     from pydantic import ValidationError
 
+    from harness.suite.expand import check_spec
+    from harness.suite.files import FileError, field_path
     from harness.suite.spec import RunSpec
 
     _warm_up()
     path = args.run_dir / "spec.json"
     try:
-        spec = RunSpec.model_validate_json(path.read_text())
-    except OSError as exc:
-        return fail(f"{path}: cannot read: {exc.strerror or exc}")
+        spec = RunSpec.model_validate_json(path.read_text(encoding="utf-8"))
+        check_spec(spec, path)
+    except (OSError, UnicodeDecodeError) as exc:
+        return fail(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}")
     except ValidationError as exc:
         e = exc.errors()[0]
-        return fail(f"{path}: {'.'.join(map(str, e['loc'])) or '<top level>'}: {e['msg']}")
+        return fail(f"{path}: {field_path(e['loc'])}: {e['msg']}")
+    except FileError as exc:
+        return fail(str(exc))
     problem = network_problem([spec])
     if problem:
         return fail(problem)

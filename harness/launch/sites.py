@@ -15,18 +15,18 @@ class Commands(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    sbatch: str = "sbatch"
-    srun: str = "srun"
-    squeue: str = "squeue"
-    scancel: str = "scancel"
-    sacct: str = "sacct"
-    scontrol: str = "scontrol"
+    sbatch: str = Field(default="sbatch", min_length=1)
+    srun: str = Field(default="srun", min_length=1)
+    squeue: str = Field(default="squeue", min_length=1)
+    scancel: str = Field(default="scancel", min_length=1)
+    sacct: str = Field(default="sacct", min_length=1)
+    scontrol: str = Field(default="scontrol", min_length=1)
 
 
 class Site(BaseModel):
     """A site profile (TOML, see docs/slurm.md). Every field is optional: the defaults suit a plain SLURM."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = "default"
     partition: str | None = None
@@ -37,7 +37,8 @@ class Site(BaseModel):
                                       description="default: the run's threads_per_rank")
     mem_per_task_gb: float | None = Field(default=None, gt=0)
     setup: list[str] = Field(default_factory=list, description="shell lines run before the ranks start")
-    python: str | None = Field(default=None, description="how to start python on the nodes (default: this one)")
+    python: str | None = Field(default=None, min_length=1,
+                               description="how to start python on the nodes (default: this one)")
     sbatch: dict[str, str | int | bool] = Field(default_factory=dict, description="more #SBATCH flags")
     signal_delay_s: int = Field(default=90, ge=0, description="USR2 this long before the time limit")
     max_requeues: int = Field(default=3, ge=0, description="requeues after preemption or time-out, per run")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
+from html import escape as html_escape
 from pathlib import Path
 
 import pandas as pd
@@ -44,9 +46,23 @@ def choose_baseline(table: pd.DataFrame, requested: str | None = None) -> tuple[
 SectionMaker = Callable[[Path, list[RunResult], pd.DataFrame, Path], "str | None"]
 
 
+def dropped_lines_text(runs: list[RunResult]) -> str:
+    """One line on the corrupt metrics.jsonl lines the runs' readers skipped ('' when none): how many, in which runs."""
+    dropped = [(run.run_dir.name, run.dropped_lines) for run in runs if run.dropped_lines]
+    if not dropped:
+        return ""
+    shown = ", ".join(f"{name}: {count}" for name, count in dropped[:5]) + (", ..." if len(dropped) > 5 else "")
+    total = sum(count for _, count in dropped)
+    return (f"skipped {total} corrupt line{'s' if total > 1 else ''} of metrics.jsonl in {len(dropped)} "
+            f"run{'s' if len(dropped) > 1 else ''} ({shown}); the rest of each file was read")
+
+
 def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, baseline: str | None = None,
                  extra_sections: Sequence[SectionMaker] = ()) -> Path:
     """Write summary.csv, the PNG plots and index.html for a suite folder; return the path of index.html.
+
+    Corrupt lines of the runs' metrics.jsonl are skipped (each with a warning): the page and one more warning say
+    how many, in which runs (dropped_lines_text).
 
     Plots: accuracy against train time and epochs, time to target, bytes per sample, probability of improvement over
     the baseline, (when the runs span several workloads) AlgoPerf performance profiles, (when some run has
@@ -65,6 +81,9 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     runs = load_suite(suite_dir)
     if not runs:
         raise ValueError(f"{suite_dir}: no runs found (no */spec.json)")
+    dropped = dropped_lines_text(runs)
+    if dropped:
+        warnings.warn(f"{suite_dir}: {dropped}", stacklevel=2)
     table = tables.summary(runs)
     baseline_label, chosen = choose_baseline(table, baseline)
     out_dir = Path(out_dir) if out_dir is not None else suite_dir / "report"
@@ -125,7 +144,9 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     html = page.render_html(suite, generated, table, tables.aggregate(table, ("completed",) if completed else None),
                             tables.failures(runs), images, scope, sections, (baseline_label, chosen),
-                            [hygiene.noisy_html(table)])
+                            [hygiene.noisy_html(table),
+                             f'<p class="warning"><b>Corrupt records.</b> {html_escape(dropped)}.</p>\n' if dropped
+                             else ""])
     index = out_dir / "index.html"
     index.write_text(html, encoding="utf-8")
     return index

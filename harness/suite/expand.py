@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import fnmatch
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness import registry
 from harness.net.spec import NetworkSpec
 from harness.suite.files import FileError, first_error, load_toml
-from harness.suite.spec import Budget, RunSpec, compact, default_threads, make_run_id
+from harness.suite.spec import MAX_NAME, SAFE_NAME, Budget, RunSpec, compact, default_threads, make_run_id
+
+#: A seed: numpy's seed range (np.random.seed takes 0 <= seed < 2**32).
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
 
 
 class RunEntry(BaseModel):
@@ -40,10 +43,10 @@ class SuiteFile(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field(pattern=SAFE_NAME, max_length=MAX_NAME)
     workload: str
     workload_options: dict[str, Any] = Field(default_factory=dict)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1)
     budget: Budget = Field(default_factory=Budget)
     defaults: dict[str, Any] = Field(default_factory=dict)
     threads_per_rank: int | None = Field(default=None, ge=1)
@@ -127,9 +130,11 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
             origin = f"{where}.params" if "lr_schedule" in entry.params else "defaults"
             raise FileError(f"{path}: {origin}.lr_schedule: {params.lr_schedule!r} needs a planned number of steps: "
                             "give the budget max_epochs or max_steps")
-        threads = entry.threads_per_rank or suite.threads_per_rank or default_threads(entry.world_size)
+        threads = entry.threads_per_rank if entry.threads_per_rank is not None else suite.threads_per_rank
+        if threads is None:  # not `or`: a run's 0 or [] is an error below, not "unset"
+            threads = default_threads(entry.world_size)
         counts = threads if isinstance(threads, list) else [threads]
-        if any(c < 1 for c in counts) or (isinstance(threads, list) and len(threads) != entry.world_size):
+        if not counts or any(c < 1 for c in counts) or (isinstance(threads, list) and len(threads) != entry.world_size):
             raise FileError(f"{path}: {where}.threads_per_rank: give a count >= 1, or a list of one per rank "
                             f"({entry.world_size}), got {threads}")
         cpus = entry.cpus_per_rank
@@ -191,3 +196,41 @@ def default_label(entry: RunEntry, method_name: str | None = None) -> str:
     """How a run group is named in reports: the method, its explicit params and world size."""
     extra = " ".join(f"{k}={compact(v)}" for k, v in sorted(entry.params.items()))
     return f"{method_name or entry.method}{' ' + extra if extra else ''} x{entry.world_size}"
+
+
+def check_spec(spec: RunSpec, path: str | Path) -> None:
+    """Check a resolved run spec read back from a spec.json (`dtbench rerun`) as expand_suite checks a suite's runs:
+    the method and workload resolve, their params and options validate, and the world size, nodes, threads and
+    budget fit. Raises FileError naming `path` and the field."""
+    path = Path(path)
+    method_cls, _ = _lookup(path, "method", registry.METHODS, spec.method)
+    workload, _ = _lookup(path, "workload", registry.WORKLOADS, spec.workload)
+    try:
+        workload.Options.model_validate(spec.workload_options)
+    except ValidationError as exc:
+        raise first_error(path, exc, prefix="workload_options") from None
+    try:
+        params = method_cls.Params.model_validate(spec.params)
+    except ValidationError as exc:
+        raise first_error(path, exc, prefix="params") from None
+    problem = method_cls.check_world_size(spec.world_size, params)
+    if problem:
+        raise FileError(f"{path}: world_size: {problem}")
+    if spec.nodes < 1 or spec.world_size % spec.nodes:
+        raise FileError(f"{path}: nodes: {spec.nodes} does not divide world_size {spec.world_size}")
+    threads = spec.threads_per_rank
+    counts = threads if isinstance(threads, list) else [threads]
+    if not counts or min(counts) < 1 or (isinstance(threads, list) and len(threads) != spec.world_size):
+        raise FileError(f"{path}: threads_per_rank: give a count >= 1, or a list of one per rank "
+                        f"({spec.world_size}), got {threads}")
+    cpus = spec.cpus_per_rank
+    if cpus is not None and (len(cpus) != spec.world_size or any(not c or min(c) < 0 for c in cpus)):
+        raise FileError(f"{path}: cpus_per_rank: give one non-empty list of CPU ids per rank ({spec.world_size}), "
+                        f"got {cpus}")
+    for field in ("log_every_steps", "checkpoint_every_steps"):
+        value = getattr(spec, field)
+        if value is not None and value < 1:
+            raise FileError(f"{path}: {field}: give a count >= 1, got {value}")
+    budget = spec.budget
+    if budget.max_epochs is None and budget.max_steps is None and budget.max_train_seconds is None:
+        raise FileError(f"{path}: budget: give at least one of max_epochs, max_steps, max_train_seconds")

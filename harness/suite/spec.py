@@ -12,11 +12,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.net.spec import NetworkSpec
 
+#: What suite names and run ids match (both are folder names under --out), and their longest length.
+SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+MAX_NAME = 128
+
 
 class Budget(BaseModel):
     """When a run stops (whichever limit comes first) and how often it is evaluated."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_epochs: float | None = Field(default=None, gt=0)
     max_steps: int | None = Field(default=None, gt=0)
@@ -53,15 +57,15 @@ class RunSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    suite: str
-    run_id: str
+    suite: str = Field(pattern=SAFE_NAME, max_length=MAX_NAME)  # both name folders under --out: never a path
+    run_id: str = Field(pattern=SAFE_NAME, max_length=MAX_NAME)
     label: str
     method: str
     family: str
     workload: str
     workload_options: dict[str, Any]
-    world_size: int
-    seed: int
+    world_size: int = Field(ge=1)
+    seed: int = Field(ge=0, lt=2**32)  # numpy's seed range
     params: dict[str, Any]
     budget: Budget
     threads_per_rank: int | list[int]  # a list: rank r runs threads_per_rank[r] threads (heterogeneous ranks)
