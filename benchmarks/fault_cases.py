@@ -81,8 +81,9 @@ def _random_step(rng: random.Random) -> int:
     return rng.randint(10, int(STEPS * 0.6))
 
 
-def _after_fault(out: Path, proc: Dtbench, fault_at: float, victims: list[int]) -> Outcome:
-    """The run was hit: wait for the suite to end; check the failure was named, nothing survived, the next run ran."""
+def _after_fault(out: Path, proc: Dtbench, fault_at: float, victims: list[int], hit: int | None = None) -> Outcome:
+    """The run was hit: wait for the suite to end; check the failure was named (rank `hit`, when one rank was),
+    nothing survived, the next run ran."""
     run_dir = _run_dir(out / "s")
     seen = wait_until(lambda: read_status(run_dir).get("state") not in (None, "running"), 120)
     detect = None if seen is None else time.monotonic() - fault_at
@@ -97,6 +98,9 @@ def _after_fault(out: Path, proc: Dtbench, fault_at: float, victims: list[int]) 
     _, bad = records(run_dir)
     if bad > 1:
         lost.append(f"{bad} corrupt lines in metrics.jsonl")
+    named = (status.get("error") or {}).get("rank")
+    if hit is not None and named != hit:
+        lost.append(f"named rank {named}, but rank {hit} was hit")
     after = read_status(_run_dir(out / "s", "after")).get("state")
     if after != "completed":
         lost.append(f"the next run of the suite ended {after!r}")
@@ -118,7 +122,7 @@ def rank_signal(sweep: Sweep, method: str, signum: int) -> Outcome:
     victim = sweep.rng.choice(sorted(pids))
     os.kill(pids[victim], signum)
     fault_at = time.monotonic()
-    return _after_fault(out, proc, fault_at, list(pids.values()))
+    return _after_fault(out, proc, fault_at, list(pids.values()), hit=victim)
 
 
 def stop_and_resume(sweep: Sweep, method: str, signum: int) -> Outcome:
