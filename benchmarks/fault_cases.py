@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from fault_tools import (
     Dtbench,
     alive,
     dtbench,
+    last_step,
     rank_pids,
     read_status,
     records,
@@ -142,7 +144,7 @@ def stop_and_resume(sweep: Sweep, method: str, signum: int) -> Outcome:
     detect = None if seen is None else time.monotonic() - fault_at
     proc.wait(120)
     stopped = read_status(run_dir)
-    steps = (stopped.get("final") or {}).get("steps")
+    steps = (stopped.get("final") or {}).get("steps") or last_step(run_dir)
     return _resume(out, suite, run_dir, reference, f"{stopped.get('state')} at step {steps}", detect)
 
 
@@ -219,7 +221,8 @@ def damaged_metrics(sweep: Sweep, method: str, how: str) -> Outcome:
     path.write_text("".join(lines))
     before = len(records(reference)[0])
     code, text = dtbench("report", str(out / "s"), timeout=180)
-    said = [line.strip() for line in text.splitlines() if "dropped" in line or "skipped" in line]
+    said = [re.sub(r"\S*/(metrics\.jsonl)", r"\1", line.strip()) for line in text.splitlines()
+            if "dropped" in line or "skipped" in line]
     kept = len(records(run_dir)[0])
     summary = out / "s" / "report" / "summary.csv"
     listed = summary.exists() and reference.name in summary.read_text()
@@ -286,13 +289,19 @@ def shared_folder(sweep: Sweep, method: str) -> Outcome:
     """Two `dtbench run` of one suite into one results folder at once: one must refuse, the other must finish with
     every (rank, step) recorded once."""
     out = sweep.folder(f"shared-{method}")
-    suite = write_suite(out / "s.toml", "s", [run_for(method, label="target")])
+    # 40 epochs (about 15 s of training): the second `dtbench run` needs a second or two to start, and must find the
+    # first still writing
+    suite = write_suite(out / "s.toml", "s", [run_for(method, label="target")], epochs=40.0)
     first = Dtbench(["run", str(suite), "--out", str(out), "--quiet"])
-    time.sleep(sweep.rng.uniform(0.0, 3.0))
+    # the second starts while the first is running (its run has begun training), at a random moment after that
+    if not wait_for_step(_started_run_dir(out / "s", first), 1, first):
+        return Outcome("the first run ended before the second could start: " + first.wait(60)[1][-200:], "not tried")
+    time.sleep(sweep.rng.uniform(0.0, 1.0))
     second = Dtbench(["run", str(suite), "--out", str(out), "--quiet"])
     results = [first.wait(180), second.wait(180)]
     codes = [c for c, _ in results]
     refusal = next((t.strip().splitlines()[-1] for c, t in results if c not in (0, None)), "neither refused")
+    refusal = re.sub(r"\S+/s: another", "<out>/s: another", refusal)
     run_dir = _run_dir(out / "s")
     train = [(r.get("rank"), r.get("step")) for r in records(run_dir)[0] if r.get("kind") == "train"]
     lost = []
