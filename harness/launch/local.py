@@ -127,10 +127,10 @@ def _launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None
             p.start()
     # Counted from here: with the warm forkserver a rank starts from imported modules, in milliseconds.
     judge = StallJudge(spec.world_size, spec.hang_timeout_s, time.monotonic())
-    write_status(run_dir, "running", pids={str(r): p.pid for r, p in enumerate(procs)})
     tail = MetricsTail(run_dir / "metrics.jsonl")
     failure: dict | None = None
     try:
+        write_status(run_dir, "running", pids={str(r): p.pid for r, p in enumerate(procs)})
         while True:
             ended = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode is not None]
             bad = [(r, code) for r, code in ended if code != 0]
@@ -160,6 +160,9 @@ def _launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None
     except KeyboardInterrupt:
         _terminate(procs)
         write_status(run_dir, "failed", error={"message": "interrupted (Ctrl-C)", "rank": None})
+        raise
+    except BaseException:  # e.g. status.json cannot be written (a full disk): no rank outlives the launcher
+        _terminate(procs)
         raise
     finally:
         del store
