@@ -37,6 +37,16 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _finite(value: Any) -> bool:
+    """A number that is finite as a float too (JSON's integers have no bound: 10**400 is not one)."""
+    if not _is_number(value):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def record_problem(record: dict[str, Any]) -> str | None:
     """Why a metrics record cannot be read as the results contract says (docs/results.md), or None when it can:
     `kind` a string, `rank` a count, the two clocks finite numbers, and the numbers of `train` and `eval` records
@@ -44,18 +54,18 @@ def record_problem(record: dict[str, Any]) -> str | None:
     if not isinstance(record.get("kind"), str):
         return "its kind is not a string"
     rank = record.get("rank")
-    if rank is not None and not (_is_number(rank) and rank == int(rank) and rank >= 0):
+    if rank is not None and not (_finite(rank) and rank == int(rank) and rank >= 0):
         return f"rank {rank!r} is not a rank"
     for field in ("wall_time_s", "train_time_s"):
         value = record.get(field)
-        if value is not None and not (_is_number(value) and math.isfinite(value)):
+        if value is not None and not _finite(value):
             return f"{field} {value!r} is not a finite number"
     if record["kind"] in ("train", "eval"):
         for field in RECORD_NUMBERS:
             value = record.get(field)
             if value is None or (field in ("loss", "test_loss") and (_is_number(value) or value in NON_FINITE)):
                 continue  # a diverged run's loss is NaN or inf
-            if not (_is_number(value) and math.isfinite(value)):
+            if not _finite(value):
                 return f"{field} {value!r} is not a finite number"
         accuracy = record.get("test_accuracy")
         if accuracy is not None and not 0 <= accuracy <= 1:
@@ -80,7 +90,7 @@ def drop_mistyped(doc: dict[str, Any] | None, fields: dict[str, tuple[type, ...]
             del kept[field]
     budget = kept.get("budget")
     if isinstance(budget, dict):
-        bad = [k for k, v in budget.items() if v is not None and not (_is_number(v) and math.isfinite(v))]
+        bad = [k for k, v in budget.items() if v is not None and not _finite(v)]
         target = budget.get("target_accuracy")
         if "target_accuracy" not in bad and _is_number(target) and not 0 < target <= 1:
             bad.append("target_accuracy")
@@ -116,8 +126,8 @@ def read_jsonl_counted(path: str | Path, check: Callable[[dict[str, Any]], str |
                 continue
             try:
                 record = json.loads(line)
-            except (json.JSONDecodeError, RecursionError) as err:
-                problem = f"not valid JSON: {getattr(err, 'msg', 'nested too deep')}"
+            except (ValueError, RecursionError) as err:  # JSONDecodeError, and a number too long to convert
+                problem = f"not valid JSON: {getattr(err, 'msg', None) or 'nested too deep or a number too long'}"
             else:
                 if not isinstance(record, dict):
                     problem = f"a JSON {type(record).__name__}, not an object"

@@ -328,3 +328,18 @@ def test_a_run_stopped_mid_way_resumes_past_its_corrupt_checkpoint_bitwise(tmp_p
     assert f"rejected checkpoint.pt: sha256 mismatch; resuming from checkpoint.prev.pt at step {previous}" in console
     assert json.loads((run_dir / "status.json").read_text())["resume"]["from"] == "checkpoint.prev.pt"
     _check_same_as(reference_dir, run_dir, 2)
+
+
+def test_a_sidecar_with_mistyped_fields_is_rejected_not_a_crash(tmp_path):
+    import json as _json
+
+    from harness.run import checkpoint_files
+
+    state = {"format": 1, "step": 3, "metrics_bytes": 0, "ranks": []}
+    checkpoint_files.write(tmp_path, state, "s" * 64)
+    side = checkpoint_files.sidecar(tmp_path / checkpoint_files.CURRENT)
+    meta = _json.loads(side.read_text())
+    meta["bytes"] = None
+    side.write_text(_json.dumps(meta))
+    choice = checkpoint_files.choose(tmp_path, "s" * 64)
+    assert choice.file is None and "mistyped" in choice.rejected[0]["reason"]

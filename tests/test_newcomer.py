@@ -142,3 +142,16 @@ def test_a_compression_rank_log_carries_no_deprecation_warning(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     logs = "".join(p.read_text() for p in (tmp_path / "out" / "dep").glob("*/logs/rank*.log"))
     assert "deprecated" not in logs.lower(), logs
+
+
+def test_a_rank_from_a_column_with_gaps_is_named_as_an_int_and_once():
+    from harness.report.page import failures_html
+
+    failed = pd.DataFrame([{"run_id": "a", "label": "ddp", "state": "failed", "rank": 1.0,
+                            "message": "rank 1 was killed by signal SIGKILL"},
+                           {"run_id": "b", "label": "ddp", "state": "failed", "rank": None, "message": "no status"},
+                           {"run_id": "c", "label": "ddp", "state": "failed", "rank": 1.0,
+                            "message": "rank 12 exited with code 1"}])
+    page = failures_html(failed)
+    assert "1.0" not in page and "failed, rank 1: rank 1 was" not in page
+    assert "failed, rank 1: rank 12 exited" in page  # "rank 1" is not "rank 12"

@@ -42,3 +42,14 @@ def test_dtbench_run_into_a_busy_suite_folder_exits_2_and_writes_nothing(tmp_pat
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "another dtbench run" in done.stderr and "Traceback" not in done.stderr
     assert sorted(p.name for p in (out / "s").iterdir()) == [LOCK_FILE]
+
+
+def test_an_out_folder_that_cannot_be_made_is_one_line_and_exit_2(tmp_path):
+    suite = tmp_path / "s.toml"
+    suite.write_text('name = "s"\nworkload = "digits-mlp"\nseeds = [0]\n[budget]\nmax_epochs = 1\n'
+                     '[[run]]\nmethod = "sgd"\n')
+    (tmp_path / "out").write_text("a file where the results folder goes")
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(suite), "--out", str(tmp_path / "out"),
+                           "--quiet"], capture_output=True, text=True, env=ENV, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and "cannot write the results" in done.stderr

@@ -83,6 +83,8 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
                                  suite_file=args.suite, show_progress=not args.quiet)
     except FolderBusy as exc:
         return fail(str(exc))
+    except OSError as exc:  # the results folder cannot be made or written (a file in its place, no permission)
+        return fail(f"{exc.filename or args.out}: cannot write the results: {exc.strerror or exc}")
     return finish(outcomes)
 
 
@@ -163,4 +165,6 @@ def rerun_one(args: argparse.Namespace, argv: list[str]) -> int:
             outcomes = run_specs([spec], args.out, argv=["dtbench", *argv], show_progress=not args.quiet)
     except FolderBusy as exc:
         return fail(str(exc))
+    except OSError as exc:  # the results folder cannot be made or written (a file in its place, no permission)
+        return fail(f"{exc.filename or args.out}: cannot write the results: {exc.strerror or exc}")
     return finish(outcomes)

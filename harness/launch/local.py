@@ -60,7 +60,9 @@ def _entry(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, argv: list
 
 def _terminate(procs: list[multiprocessing.process.BaseProcess]) -> None:
     """SIGTERM every live rank, then SIGKILL whatever is left after a short grace period. A stopped rank (SIGSTOP)
-    is continued after its SIGTERM, so that it ends at once instead of after the grace period."""
+    is continued after its SIGTERM, so that it ends at once instead of after the grace period. Processes that never
+    started are skipped."""
+    procs = [p for p in procs if p.pid is not None]
     for p in procs:
         if p.exitcode is None:
             p.terminate()
@@ -122,14 +124,14 @@ def _launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None
                                         topology and topology.ranks[r], info, launched_at, slots,
                                         beat_interval(spec.hang_timeout_s)), f"rank{r}")
              for r in range(spec.world_size)]
-    with warm.held_stop_signals():  # a spawned rank inherits the mask (forked ones get the server's)
-        for p in procs:
-            p.start()
-    # Counted from here: with the warm forkserver a rank starts from imported modules, in milliseconds.
-    judge = StallJudge(spec.world_size, spec.hang_timeout_s, time.monotonic())
     tail = MetricsTail(run_dir / "metrics.jsonl")
     failure: dict | None = None
     try:
+        with warm.held_stop_signals():  # a spawned rank inherits the mask (forked ones get the server's)
+            for p in procs:
+                p.start()  # one that fails to start: the ranks started before it are torn down below
+        # Counted from here: with the warm forkserver a rank starts from imported modules, in milliseconds.
+        judge = StallJudge(spec.world_size, spec.hang_timeout_s, time.monotonic())
         write_status(run_dir, "running", pids={str(r): p.pid for r, p in enumerate(procs)})
         while True:
             ended = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode is not None]

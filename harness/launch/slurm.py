@@ -199,15 +199,28 @@ class SlurmRun:
 def _end_hung_job(run_dir: Path, job_id: str, restarts: int, scancel: str, error: dict) -> None:
     """The hang watch's verdict (harness/launch/slurm_watch.py): the run is failed naming the stalled rank, and
     every task of the job is killed (SIGKILL ends a stopped process too; no handler runs, so no rank writes a
-    status after this one). Runs on a rank's heartbeat thread; this process ends here."""
-    write_status(run_dir, "failed", error=error, slurm_job_id=job_id, restarts=restarts)
-    print(f"dtbench: {error['message']}: killing job {job_id}", file=sys.stderr, flush=True)
+    status after this one). Runs on a rank's heartbeat thread; this process ends here. A run that already failed
+    keeps its own error (a rank that raised, then ended, looks stalled to the peers still waiting for it)."""
+    if _failed_with_error(run_dir):
+        error = None
+    else:
+        write_status(run_dir, "failed", error=error, slurm_job_id=job_id, restarts=restarts)
+    message = error["message"] if error else "the run failed; its peers stalled"
+    print(f"dtbench: {message}: killing job {job_id}", file=sys.stderr, flush=True)
     try:
         subprocess.run([scancel, "--signal=KILL", job_id], timeout=60, check=False)
     except (OSError, subprocess.SubprocessError) as exc:
         print(f"dtbench: {scancel} failed ({exc}); this rank exits, the stalled one lingers until the time limit",
               file=sys.stderr, flush=True)
     os._exit(1)
+
+
+def _failed_with_error(run_dir: Path) -> bool:
+    try:
+        status = json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return status.get("state") == "failed" and bool((status.get("error") or {}).get("message"))
 
 
 def _state(run_dir: Path) -> str:

@@ -109,7 +109,9 @@ def release_stop_signals() -> None:
 
 
 def process(ctx: BaseContext, target: Callable[..., Any], args: tuple, name: str) -> BaseProcess:
-    """A process of `ctx` that runs target(*args) in this process's environment as it is now."""
+    """A process of `ctx` that runs target(*args) in this process's environment as it is now. It starts with the
+    stop signals blocked (held_stop_signals): a target that wants them installs its handler, then calls
+    release_stop_signals, as the local launcher's ranks do; others (the tests' helper ranks) never see them."""
     return ctx.Process(target=run_in_environment, name=name, args=(dict(os.environ), target, args))
 
 

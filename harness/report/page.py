@@ -64,6 +64,15 @@ def table_html(frame: pd.DataFrame) -> str:
     return frame.to_html(index=False, escape=True, na_rep="", border=0,
                          float_format=lambda value: format(value, ".4g"))
 
+def _rank(value: object) -> str | None:
+    """A failure's rank as status.json means it ('1', not the '1.0' of a column that also holds None), or None."""
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def failures_html(failed: pd.DataFrame) -> str:
     """The list of runs that did not complete (run_id, label, state, rank, message), each named once, escaped; the
     rank is said once (a message that starts with it says it already)."""
@@ -72,8 +81,8 @@ def failures_html(failed: pd.DataFrame) -> str:
         return "<p>Every run completed.</p>"
     items = "\n".join(
         f'<li class="failure"><b>{e(str(row.run_id))}</b> ({e(str(row.label))}): {e(str(row.state))}'
-        + ("" if pd.isna(row.rank) or str(row.message or "").startswith(f"rank {row.rank}")
-           else f", rank {e(str(row.rank))}")
+        + ("" if _rank(row.rank) is None or str(row.message or "").startswith(f"rank {_rank(row.rank)} ")
+           else f", rank {e(_rank(row.rank))}")
         + (f": {e(str(row.message))}" if row.message else "") + "</li>"
         for row in failed.itertuples()
     )

@@ -94,16 +94,16 @@ def write(run_dir: Path, state: dict[str, Any], spec_sha256: str) -> dict[str, A
     tmp = _tmp(run_dir, CURRENT)
     try:
         checkpoint.write_file(tmp, state)
-    except BaseException:  # e.g. a full disk: the previous checkpoints stay as they were, and no temp file
+        meta = {"format": SIDECAR_FORMAT, "sha256": file_sha256(tmp), "bytes": tmp.stat().st_size,
+                "spec_sha256": spec_sha256, "step": int(state["step"]),
+                "metrics_bytes": int(state["metrics_bytes"]), "written": utc_now()}
+        if current.exists() and sidecar(current).exists():
+            _write_bytes_atomic(sidecar(previous), sidecar(current).read_bytes())
+            os.replace(current, previous)
+        os.replace(tmp, current)
+    except BaseException:  # e.g. a full disk: the checkpoints on disk stay valid, and no temp file is left
         tmp.unlink(missing_ok=True)
         raise
-    meta = {"format": SIDECAR_FORMAT, "sha256": file_sha256(tmp), "bytes": tmp.stat().st_size,
-            "spec_sha256": spec_sha256, "step": int(state["step"]), "metrics_bytes": int(state["metrics_bytes"]),
-            "written": utc_now()}
-    if current.exists() and sidecar(current).exists():
-        _write_bytes_atomic(sidecar(previous), sidecar(current).read_bytes())
-        os.replace(current, previous)
-    os.replace(tmp, current)
     _write_bytes_atomic(sidecar(current), (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
     _fsync_dir(run_dir)
     return meta
@@ -180,6 +180,9 @@ def _verify(path: Path, spec_sha256: str, load: bool) -> tuple[dict[str, Any], d
         expected = {key: meta[key] for key in ("sha256", "bytes", "spec_sha256", "step")}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise Rejected(f"unreadable sidecar {side.name} ({type(exc).__name__}: {exc})") from None
+    if not (isinstance(expected["sha256"], str) and isinstance(expected["spec_sha256"], str)
+            and all(isinstance(expected[k], int) and not isinstance(expected[k], bool) for k in ("bytes", "step"))):
+        raise Rejected(f"unreadable sidecar {side.name} (mistyped fields)")
     if meta.get("format") != SIDECAR_FORMAT:
         raise Rejected(f"sidecar format {meta.get('format')!r}, this dtbench reads {SIDECAR_FORMAT}")
     if expected["spec_sha256"] != spec_sha256:

@@ -21,12 +21,14 @@ import threading
 from collections.abc import Callable
 
 #: A beat at most this often, and at least ten times per hang timeout (docs/suites.md, hang_timeout_s).
+MIN_BEAT_S = 0.01
 MAX_BEAT_S = 1.0
 
 
 def beat_interval(hang_timeout_s: float) -> float:
-    """Seconds between beats for a hang timeout: a tenth of it, at most MAX_BEAT_S."""
-    return min(MAX_BEAT_S, hang_timeout_s / 10)
+    """Seconds between beats for a hang timeout: a tenth of it, at most MAX_BEAT_S and at least MIN_BEAT_S (a tiny
+    timeout must not spin the heartbeat thread)."""
+    return max(MIN_BEAT_S, min(MAX_BEAT_S, hang_timeout_s / 10))
 
 
 class Heartbeat:
