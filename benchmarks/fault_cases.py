@@ -127,16 +127,25 @@ def rank_signal(sweep: Sweep, method: str, signum: int) -> Outcome:
     return _after_fault(out, proc, fault_at, list(pids.values()), hit=victim)
 
 
+def _checkpointed_run(sweep: Sweep, name: str, method: str, every: int, step: int
+                      ) -> tuple[Path, Path, Dtbench, Path] | None:
+    """`dtbench run` of `method` checkpointing every `every` steps, started in a fresh folder and watched until it
+    reaches `step`: (out, suite file, process, run folder), or None when it ended first."""
+    out = sweep.folder(name)
+    suite = write_suite(out / "s.toml", "s", [run_for(method, label="target")], checkpoint_every_steps=every)
+    proc = Dtbench(["run", str(suite), "--out", str(out), "--quiet"])
+    run_dir = _started_run_dir(out / "s", proc)
+    return (out, suite, proc, run_dir) if wait_for_step(run_dir, step, proc) else None
+
+
 def stop_and_resume(sweep: Sweep, method: str, signum: int) -> Outcome:
     """SIGUSR2 (stop after a checkpoint) or SIGTERM (dies; periodic checkpoints every 10 steps) to one rank at a
     random step, then `dtbench run --resume`: it must learn bitwise what the uninterrupted run did."""
     reference = sweep.reference(method)
-    out = sweep.folder(f"{signal.Signals(signum).name}-{method}")
-    suite = write_suite(out / "s.toml", "s", [run_for(method, label="target")], checkpoint_every_steps=10)
-    proc = Dtbench(["run", str(suite), "--out", str(out), "--quiet"])
-    run_dir = _started_run_dir(out / "s", proc)
-    if not wait_for_step(run_dir, _random_step(sweep.rng), proc):
+    started = _checkpointed_run(sweep, f"{signal.Signals(signum).name}-{method}", method, 10, _random_step(sweep.rng))
+    if started is None:
         return Outcome("the run ended before the fault", "not tried")
+    out, suite, proc, run_dir = started
     pids = rank_pids(run_dir)
     os.kill(pids[sweep.rng.choice(sorted(pids))], signum)
     fault_at = time.monotonic()
@@ -166,12 +175,10 @@ def _short(text: str) -> str:
 def kill_in_checkpoint(sweep: Sweep, method: str) -> Outcome:
     """kill -9 of rank 0 (the writer) at a random moment of a run that checkpoints every step, then --resume."""
     reference = sweep.reference(method)
-    out = sweep.folder(f"kill-in-checkpoint-{method}")
-    suite = write_suite(out / "s.toml", "s", [run_for(method, label="target")], checkpoint_every_steps=1)
-    proc = Dtbench(["run", str(suite), "--out", str(out), "--quiet"])
-    run_dir = _started_run_dir(out / "s", proc)
-    if not wait_for_step(run_dir, _random_step(sweep.rng) // 3, proc):
+    started = _checkpointed_run(sweep, f"kill-in-checkpoint-{method}", method, 1, _random_step(sweep.rng) // 3)
+    if started is None:
         return Outcome("the run ended before the fault", "not tried")
+    out, suite, proc, run_dir = started
     time.sleep(sweep.rng.uniform(0, 0.02))
     os.kill(rank_pids(run_dir)[0], signal.SIGKILL)
     cut = any(run_dir.glob(".*.tmp*"))  # the temp file of a write the kill cut short
@@ -183,12 +190,10 @@ def damaged_checkpoint(sweep: Sweep, method: str, how: str) -> Outcome:
     """A run stopped by SIGUSR2, its checkpoint.pt then corrupted (64 zero bytes mid-file) or truncated (half),
     then --resume: it must not resume from the damage, and must still learn what the uninterrupted run did."""
     reference = sweep.reference(method)
-    out = sweep.folder(f"{how}-checkpoint-{method}")
-    suite = write_suite(out / "s.toml", "s", [run_for(method, label="target")], checkpoint_every_steps=10)
-    proc = Dtbench(["run", str(suite), "--out", str(out), "--quiet"])
-    run_dir = _started_run_dir(out / "s", proc)
-    if not wait_for_step(run_dir, _random_step(sweep.rng), proc):
+    started = _checkpointed_run(sweep, f"{how}-checkpoint-{method}", method, 10, _random_step(sweep.rng))
+    if started is None:
         return Outcome("the run ended before the fault", "not tried")
+    out, suite, proc, run_dir = started
     os.kill(rank_pids(run_dir)[1], signal.SIGUSR2)
     proc.wait(120)
     path = run_dir / "checkpoint.pt"

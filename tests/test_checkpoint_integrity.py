@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_checkpoint import STEPS as LONG
-from test_checkpoint import _check_same_as, _spec, _stop_when
+from test_checkpoint import _check_same_as, _equal, _spec, _stop_when
 
 from harness.cli import main
 from harness.launch.local import launch
@@ -228,21 +228,6 @@ def _curve(run_dir: Path) -> list:
     records = read_jsonl(run_dir / "metrics.jsonl")
     return sorted((r["kind"], r["rank"], r["step"], r.get("loss"), r.get("test_loss")) for r in records
                   if r["kind"] in ("train", "eval"))
-
-
-def _equal(a, b, where: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            _equal(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _equal(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
 
 
 def _same_as(reference: Path, run_dir: Path) -> None:

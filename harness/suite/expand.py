@@ -133,14 +133,10 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
         threads = entry.threads_per_rank if entry.threads_per_rank is not None else suite.threads_per_rank
         if threads is None:  # not `or`: a run's 0 or [] is an error below, not "unset"
             threads = default_threads(entry.world_size)
-        counts = threads if isinstance(threads, list) else [threads]
-        if not counts or any(c < 1 for c in counts) or (isinstance(threads, list) and len(threads) != entry.world_size):
-            raise FileError(f"{path}: {where}.threads_per_rank: give a count >= 1, or a list of one per rank "
-                            f"({entry.world_size}), got {threads}")
         cpus = entry.cpus_per_rank
-        if cpus is not None and (len(cpus) != entry.world_size or any(not c or min(c) < 0 for c in cpus)):
-            raise FileError(f"{path}: {where}.cpus_per_rank: give one non-empty list of CPU ids per rank "
-                            f"({entry.world_size}), got {cpus}")
+        problem = rank_layout_problem(threads, cpus, entry.world_size)
+        if problem:
+            raise FileError(f"{path}: {where}.{problem}")
         run_network = network or entry.network or suite.network
         label = entry.label or default_label(entry, method_cls.name)
         if run_network is not None:
@@ -192,6 +188,17 @@ def _check_model(path: Path, where: str, suite: SuiteFile, entry: RunEntry, meth
         raise FileError(f"{path}: {field}: {reason} (workload {name!r})")
 
 
+def rank_layout_problem(threads: int | list[int], cpus: list[list[int]] | None, world_size: int) -> str | None:
+    """'<field>: <why>' when the per-rank threads or CPU lists do not fit `world_size` ranks, else None: a count >= 1
+    or one per rank; one non-empty list of CPU ids per rank."""
+    counts = threads if isinstance(threads, list) else [threads]
+    if not counts or any(c < 1 for c in counts) or (isinstance(threads, list) and len(threads) != world_size):
+        return f"threads_per_rank: give a count >= 1, or a list of one per rank ({world_size}), got {threads}"
+    if cpus is not None and (len(cpus) != world_size or any(not c or min(c) < 0 for c in cpus)):
+        return f"cpus_per_rank: give one non-empty list of CPU ids per rank ({world_size}), got {cpus}"
+    return None
+
+
 def default_label(entry: RunEntry, method_name: str | None = None) -> str:
     """How a run group is named in reports: the method, its explicit params and world size."""
     extra = " ".join(f"{k}={compact(v)}" for k, v in sorted(entry.params.items()))
@@ -218,15 +225,9 @@ def check_spec(spec: RunSpec, path: str | Path) -> None:
         raise FileError(f"{path}: world_size: {problem}")
     if spec.nodes < 1 or spec.world_size % spec.nodes:
         raise FileError(f"{path}: nodes: {spec.nodes} does not divide world_size {spec.world_size}")
-    threads = spec.threads_per_rank
-    counts = threads if isinstance(threads, list) else [threads]
-    if not counts or min(counts) < 1 or (isinstance(threads, list) and len(threads) != spec.world_size):
-        raise FileError(f"{path}: threads_per_rank: give a count >= 1, or a list of one per rank "
-                        f"({spec.world_size}), got {threads}")
-    cpus = spec.cpus_per_rank
-    if cpus is not None and (len(cpus) != spec.world_size or any(not c or min(c) < 0 for c in cpus)):
-        raise FileError(f"{path}: cpus_per_rank: give one non-empty list of CPU ids per rank ({spec.world_size}), "
-                        f"got {cpus}")
+    problem = rank_layout_problem(spec.threads_per_rank, spec.cpus_per_rank, spec.world_size)
+    if problem:
+        raise FileError(f"{path}: {problem}")
     for field in ("log_every_steps", "checkpoint_every_steps"):
         value = getattr(spec, field)
         if value is not None and value < 1:
