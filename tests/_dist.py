@@ -6,6 +6,7 @@ from __future__ import annotations
 import pickle
 import queue
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -21,10 +22,16 @@ def _wrap(fn: Callable[..., Any], rank: int, world_size: int, port: int, out: An
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
         # plain pickle: torch's shared-memory tensor passing dies with the child process
-        out.put((rank, pickle.dumps(fn(rank, world_size, *args)), None))
-        dist.destroy_process_group()
+        report = (rank, pickle.dumps(fn(rank, world_size, *args)), None)
     except BaseException:  # noqa: BLE001
-        out.put((rank, None, traceback.format_exc()))
+        report = (rank, None, traceback.format_exc())
+    # The report reaches the pipe before the process group is torn down: a C++ thread aborting the process in that
+    # teardown ("terminate called ...: Resource deadlock avoided", seen once in a full run) must not lose it.
+    out.put(report)
+    out.close()
+    out.join_thread()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0) -> list[Any]:
@@ -41,14 +48,22 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
     try:
-        for _ in range(world_size):
-            rank, value, error = out.get(timeout=timeout)
+        while len(results) < world_size:
+            try:
+                rank, value, error = out.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+            except queue.Empty:
+                dead = [(r, p.exitcode) for r, p in enumerate(procs) if r not in results and p.exitcode is not None]
+                if dead:  # a rank that ended without a report (a crash) fails the test now, not at the timeout
+                    rank, code = dead[0]
+                    raise AssertionError(f"rank {rank} ended with exit code {code} before reporting") from None
+                if time.monotonic() >= deadline:
+                    raise AssertionError(f"ranks did not finish within {timeout} s") from None
+                continue
             if error:
                 raise AssertionError(f"rank {rank} failed:\n{error}")
             results[rank] = pickle.loads(value)
-    except queue.Empty:
-        raise AssertionError(f"ranks did not finish within {timeout} s") from None
     finally:
         for p in procs:
             p.join(10)
