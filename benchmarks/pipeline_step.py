@@ -8,7 +8,11 @@ rank's time counts. Then, with the ranks gone, the whole model runs in this proc
 same 8 microbatches, and two threads on the whole batch (the baseline a user of a 2-core machine would pick). The
 measured gpipe and interleaved bubbles are printed next to (p-1)/(v·M+p-1).
 
-    python benchmarks/pipeline_step.py [--rounds 3] [--steps 3] [--width 2048] [--json OUT]
+Each variant's minor page faults per step are printed by rank: with `--allocator system` (glibc's defaults) our
+executors' ranks faulted in fresh pages every step where torch's did not, which was the whole of the 1f1b gap
+(docs/benchmarks.md).
+
+    python benchmarks/pipeline_step.py [--rounds 5] [--steps 3] [--width 2048] [--allocator retain] [--json OUT]
 """
 
 from __future__ import annotations
@@ -28,19 +32,24 @@ def main() -> None:
     from pipeline_ranks import VARIANTS, pipeline_against_torch
 
     from _dist import spawn
+    from harness.run.allocator import configure
     from harness.trace import ideal_bubble, step_bubble
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--allocator", choices=("retain", "system"), default="retain",
+                        help="the ranks' malloc policy, as a suite's `allocator` key (harness/run/allocator.py): "
+                        "retain (the harness's default) or system (the C library's defaults)")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     a = parser.parse_args()
     sizes = dict(width=a.width, layers=a.layers, batch=a.batch, microbatches=a.microbatches)
-    ranks = spawn(pipeline_against_torch, 2, a.rounds, a.steps, *sizes.values(), timeout=3600)
+    ranks = spawn(pipeline_against_torch, 2, a.rounds, a.steps, *sizes.values(), timeout=3600,
+                  allocator=a.allocator)
     per_round = {name: [max(v) for v in zip(*(r[name] for r in ranks), strict=True)] for name in VARIANTS}
     med = {name: statistics.median(values) for name, values in per_round.items()}
     ratios = {kind: [o / t for o, t in zip(per_round[f"ours_{kind}"], per_round[f"torch_{kind}"], strict=True)]
@@ -48,15 +57,19 @@ def main() -> None:
     bubbles = {kind: statistics.median(step_bubble(list(steps)) for steps in zip(*(r[f"{kind}_traces"] for r in ranks),
                                                                                    strict=True))
                for kind in ("gpipe", "interleaved")}
+    configure(a.allocator)  # the baselines run in this process, under the ranks' policy
     base = single_process_baselines(max(3, a.steps), *sizes.values())
-    out = {**med, **base, **{f"{k}_ratio": statistics.median(v) for k, v in ratios.items()},
+    faults = {name: [r["page_faults"][name] for r in ranks] for name in VARIANTS}
+    out = {**med, **base, "allocator": a.allocator, "page_faults_per_step": faults,
+           **{f"{k}_ratio": statistics.median(v) for k, v in ratios.items()},
            "bubble_measured": bubbles["gpipe"], "bubble_ideal": ideal_bubble(2, a.microbatches),
            "interleaved_bubble_measured": bubbles["interleaved"],
            "interleaved_bubble_ideal": ideal_bubble(2, a.microbatches, 2)}
     print(f"{a.layers} x Linear({a.width}, {a.width}), batch {a.batch}, M = {a.microbatches}, 2 ranks x 1 thread, "
-          f"gloo; {a.rounds} rounds x {a.steps} steps, interleaved (median of per-round max over ranks)")
+          f"gloo, allocator {a.allocator}; {a.rounds} rounds x {a.steps} steps, interleaved (median of per-round max "
+          f"over ranks; page faults: mean per step, by rank)")
     for name in VARIANTS:
-        print(f"  {name:17s} {med[name]:7.3f} s/step")
+        print(f"  {name:17s} {med[name]:7.3f} s/step   page faults {' '.join(f'{f:8.0f}' for f in faults[name])}")
     print("  ours / torch (median of per-round ratios; goal <= 1): " + ", ".join(
         f"{kind} {statistics.median(v):.3f} (rounds: {' '.join(f'{r:.3f}' for r in v)})" for kind, v in ratios.items()))
     print(f"single process: 1 thread, {a.microbatches} microbatches accumulated {base['one_thread_accumulated']:.3f} "

@@ -13,10 +13,14 @@ from pathlib import Path
 from typing import Any
 
 
-def _wrap(fn: Callable[..., Any], rank: int, world_size: int, port: int, out: Any, args: tuple) -> None:
+def _wrap(fn: Callable[..., Any], rank: int, world_size: int, port: int, out: Any, args: tuple,
+          allocator: str = "retain") -> None:
     import torch
     import torch.distributed as dist
 
+    from harness.run.allocator import configure
+
+    configure(allocator)  # as the worker does (harness/run/worker.py)
     torch.set_num_threads(1)
     try:
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False)
@@ -34,8 +38,10 @@ def _wrap(fn: Callable[..., Any], rank: int, world_size: int, port: int, out: An
         dist.destroy_process_group()
 
 
-def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0) -> list[Any]:
-    """fn(rank, world_size, *args) on every rank; returns the results ordered by rank; raises on any failure."""
+def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0,
+          allocator: str = "retain") -> list[Any]:
+    """fn(rank, world_size, *args) on every rank, under the ranks' malloc policy `allocator` (harness/run/allocator.py);
+    returns the results ordered by rank; raises on any failure."""
     import torch.distributed as dist
 
     from harness.launch import warm
@@ -43,7 +49,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
     ctx = warm.context()
     out = ctx.Queue()
-    procs = [warm.process(ctx, _wrap, (fn, r, world_size, store.port, out, args), f"rank{r}")
+    procs = [warm.process(ctx, _wrap, (fn, r, world_size, store.port, out, args, allocator), f"rank{r}")
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import resource
+import statistics
 from typing import Any
 
 from dtbench_bench_ranks import interleaved
@@ -15,7 +17,8 @@ def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, 
     """Step times (s/step per block) of our gpipe, 1f1b and interleaved-1f1b executors and of torch's ScheduleGPipe,
     Schedule1F1B and ScheduleInterleaved1F1B: `layers` Linear(width, width), one stage per rank (layers / world_size
     each) or `chunks` stages per rank (layers / (world_size · chunks) each), the same microbatches, loss and SGD
-    update. Also the per-step trace events of our gpipe and interleaved steps on this rank, for the bubbles."""
+    update. Also the per-step trace events of our gpipe and interleaved steps on this rank, for the bubbles, and the
+    mean minor page faults per step of each variant (`page_faults`: this process, every thread)."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -89,11 +92,23 @@ def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, 
     variants = {"ours_gpipe": ours_gpipe, "torch_gpipe": theirs(flat, ScheduleGPipe), "ours_1f1b": ours_1f1b,
                 "torch_1f1b": theirs(flat, Schedule1F1B), "ours_interleaved": ours_inter,
                 "torch_interleaved": theirs(deep, ScheduleInterleaved1F1B)}
-    for fn in variants.values():  # warm-up, whose traces are not kept
-        fn()
+    for _ in range(2):  # warm-up (the heap grows to its peak, lazy set-up), whose traces are not kept
+        for fn in variants.values():
+            fn()
     gpipe_traces.clear()
     interleaved_traces.clear()
-    times: dict[str, Any] = interleaved(variants, rounds, steps, warmup=0, barrier_after=True)
+    faults = {name: [] for name in variants}  # minor page faults of this process per step (every thread's)
+
+    def counted(name: str, fn):
+        def step() -> None:
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            fn()
+            faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        return step
+
+    times: dict[str, Any] = interleaved({name: counted(name, fn) for name, fn in variants.items()}, rounds, steps,
+                                        warmup=0, barrier_after=True)
+    times["page_faults"] = {name: statistics.mean(values) for name, values in faults.items()}
     for executor in (ex1, ex2, ex3):
         executor.flush()
     times["gpipe_traces"] = gpipe_traces

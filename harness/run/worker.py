@@ -146,13 +146,14 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     from harness import registry
     from harness.comm.communicator import Communicator
     from harness.method import RunContext
-    from harness.run import manifest
+    from harness.run import allocator, manifest
     from harness.run.clock import TrainClock
     from harness.run.loop import Loop
     from harness.run.records import MetricsWriter, write_json, write_status
     from harness.suite.spec import RunSpec, rank_threads
 
     spec = RunSpec.model_validate_json(spec_json)
+    malloc = allocator.configure(spec.allocator)  # before the model and data allocate anything big
     if spec.cpus_per_rank is not None:  # a heterogeneous set-up: this rank confined to its CPUs
         os.sched_setaffinity(0, spec.cpus_per_rank[rank])
     torch.set_num_threads(rank_threads(spec.threads_per_rank, rank))
@@ -174,6 +175,7 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     if rank == 0:
         info = manifest.build(spec.seed, launcher, run_dir, spec.threads_per_rank, argv,
                               network or (spec.network.model_dump() if spec.network else None))
+        info["allocator"] = malloc
         if saved:
             info["resumed_from_step"] = saved["step"]
         if resume_record is not None:

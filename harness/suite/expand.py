@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness import registry
 from harness.net.spec import NetworkSpec
+from harness.run.allocator import Allocator
 from harness.suite.files import FileError, first_error, load_toml
 from harness.suite.spec import MAX_NAME, SAFE_NAME, Budget, RunSpec, compact, default_threads, make_run_id
 
@@ -35,6 +36,7 @@ class RunEntry(BaseModel):
     budget: Budget | None = None
     nodes: int | None = Field(default=None, ge=1)
     hang_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
+    allocator: Allocator | None = None
     network: NetworkSpec | None = None
 
 
@@ -56,6 +58,8 @@ class SuiteFile(BaseModel):
     hang_timeout_s: float = Field(default=60.0, gt=0, allow_inf_nan=False, strict=True,
                                   description="seconds a run's ranks may make no progress before it is torn "
                                   "down and failed (docs/suites.md)")
+    allocator: Allocator = Field(default="retain", description="the ranks' malloc policy: 'retain' keeps freed "
+                                 "memory mapped for the next step, 'system' leaves the C library's defaults")
     nodes: int = Field(default=1, ge=1, description="SLURM nodes per run; world_size / nodes tasks on each")
     data_root: str | None = None
     network: NetworkSpec | None = None
@@ -155,6 +159,7 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
                 threads_per_rank=threads, cpus_per_rank=cpus, deterministic=suite.deterministic,
                 log_every_steps=suite.log_every_steps, checkpoint_every_steps=suite.checkpoint_every_steps,
                 hang_timeout_s=entry.hang_timeout_s or suite.hang_timeout_s,
+                allocator=entry.allocator or suite.allocator,
                 nodes=nodes, data_root=suite.data_root, suite_file=str(path.resolve()), network=run_network,
                 method_origin=method_entry.origin, workload_origin=workload_entry.origin,
             ))

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.net.spec import NetworkSpec
+from harness.run.allocator import Allocator
 
 #: What suite names and run ids match (both are folder names under --out), and their longest length.
 SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -74,6 +75,7 @@ class RunSpec(BaseModel):
     log_every_steps: int
     checkpoint_every_steps: int | None = None
     hang_timeout_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)  # no progress this long: torn down
+    allocator: Allocator = "retain"  # the ranks' malloc policy (harness/run/allocator.py)
     nodes: int = 1
     data_root: str | None = None
     suite_file: str | None = None
