@@ -161,13 +161,13 @@ def main() -> None:
     ranks = spawn(breakdown, 2, a.schedule, a.steps, a.width, timeout=3600, allocator=a.allocator)
     kinds = ("forward", "backward", "update", "wait", "send")
     print(f"{a.schedule}: 8 x Linear({a.width}, {a.width}), batch 256, M = 8, 2 ranks x 1 thread, gloo, allocator "
-          f"{a.allocator}; {a.steps} steps each, alternating (s/step medians; parts: mean s/step)")
+          f"{a.allocator}; {a.steps} steps each, alternating (ms/step: step the median, parts the mean)")
     print(f"  {'rank side':12s} {'step':>7s} {'faults':>8s} " + " ".join(f"{k:>8s}" for k in kinds))
     for rank, result in enumerate(ranks):
         for side in ("ours", "torch"):
             r = result[side]
-            print(f"  {rank} {side:10s} {r['step_s']:7.3f} {r['page_faults']:8.0f} "
-                  + " ".join(f"{r.get(k, 0.0):8.3f}" for k in kinds))
+            print(f"  {rank} {side:10s} {1e3 * r['step_s']:7.2f} {r['page_faults']:8.0f} "
+                  + " ".join(f"{1e3 * r.get(k, 0.0):8.2f}" for k in kinds))
         print(f"  {rank} ours/torch {result['ours']['step_s'] / result['torch']['step_s']:7.3f}")
 
 
