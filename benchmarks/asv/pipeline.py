@@ -49,6 +49,75 @@ class VirtualStep:
         self.method.train_step(self.batch)
 
 
+class StageStep:
+    """One microbatch's forward and backward through a pipeline Stage (4 x Linear(512, 512), 32 rows, the last stage:
+    the loss inside, one thread) against the same arithmetic as plain PyTorch (`(loss_fn(module(x), y) *
+    scale).backward()`), in alternating blocks: the stage's own overhead (the saved-bytes hooks, the bookkeeping,
+    autograd's call)."""
+
+    timeout = 120
+
+    def setup(self) -> None:
+        from torch import nn
+
+        from methods.pipeline.stage import Stage
+        from methods.pipeline.versions import Live
+
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        module = nn.Sequential(*[nn.Linear(512, 512) for _ in range(4)])
+        stage = Stage(1, 2, module, torch.optim.SGD(module.parameters(), lr=0.0), Live(module),
+                      nn.functional.cross_entropy)
+        x, y = torch.randn(32, 512), torch.randint(0, 512, (32,))
+
+        def ours() -> None:
+            stage.forward((0, 0), x, y, 0.125)
+            stage.backward((0, 0))
+
+        def plain() -> None:
+            leaf = x.detach().requires_grad_(True)
+            (nn.functional.cross_entropy(module(leaf), y) * 0.125).backward()
+
+        self.ours, self.plain, self.module = ours, plain, module
+
+    def track_stage_vs_plain(self) -> float:
+        """Stage forward + backward / plain PyTorch's (median of 9 alternating rounds); 1 is no overhead."""
+        from _timing import interleaved_ratio
+
+        return interleaved_ratio(self.ours, self.plain, rounds=9, min_seconds=0.1)
+
+    track_stage_vs_plain.unit = "x plain PyTorch"
+
+    def track_backward_named_inputs_vs_none(self) -> float:
+        """The backward alone of that graph with autograd's `inputs=` naming the parameters and the input, against
+        the same call without (what Stage.backward does with the live weights): median of 40 alternating rounds of
+        10 backwards each. Above 1: naming them costs."""
+        import time
+
+        from torch import nn
+
+        module, params = self.module, list(self.module.parameters())
+        x, y = torch.randn(32, 512), torch.randint(0, 512, (32,))
+
+        def backward(named: bool) -> float:
+            leaf = x.detach().requires_grad_(True)
+            loss = nn.functional.cross_entropy(module(leaf), y) * 0.125
+            start = time.perf_counter()
+            torch.autograd.backward(loss, inputs=[*params, leaf] if named else None)
+            return time.perf_counter() - start
+
+        for named in (True, False):
+            backward(named)
+        ratios = []
+        for index in range(40):
+            order = (True, False) if index % 2 == 0 else (False, True)
+            seconds = {named: sum(backward(named) for _ in range(10)) for named in order}
+            ratios.append(seconds[True] / seconds[False])
+        return statistics.median(ratios)
+
+    track_backward_named_inputs_vs_none.unit = "x without inputs="
+
+
 class VersusTorchPipelining:
     """Our gpipe, 1f1b and interleaved-1f1b executors and torch's ScheduleGPipe / Schedule1F1B /
     ScheduleInterleaved1F1B on 2 gloo ranks x 1 thread, the same split, microbatches, loss and update, in alternating

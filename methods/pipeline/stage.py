@@ -129,15 +129,11 @@ class Stage:
             weights = None
         else:
             output, weights = saved.output, saved.weights
-        wrt: list[torch.Tensor] = []
-        if weights is None:
-            # the live weights: autograd accumulates into every leaf that needs a gradient (the parameters' .grad,
-            # the input's on a later stage), as loss.backward() does. No `inputs=`: naming them costs 4 to 9 % of a
-            # small stage's backward (docs/benchmarks.md, the pipeline section) and gives the same sums.
-            torch.autograd.backward(output, grad_output)
+        if weights is None:  # the live weights: autograd accumulates into their .grad, as loss.backward() does
+            wrt = list(self._params.values())
         else:  # a stash or a prediction: its leaves collect the gradient, which then moves to the live parameters
             wrt = [weights[name] for name in self._params]
-            torch.autograd.backward(output, grad_output, inputs=wrt if self.first else [*wrt, x])
+        torch.autograd.backward(output, grad_output, inputs=wrt if self.first else [*wrt, x])
         if buffers is not None:  # the recompute counted the microbatch in the running statistics again: undo it
             with torch.no_grad():
                 for name, b in self.module.named_buffers():
