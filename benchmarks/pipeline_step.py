@@ -8,11 +8,12 @@ rank's time counts. Then, with the ranks gone, the whole model runs in this proc
 same 8 microbatches, and two threads on the whole batch (the baseline a user of a 2-core machine would pick). The
 measured gpipe and interleaved bubbles are printed next to (p-1)/(v·M+p-1).
 
-Each variant's minor page faults per step are printed by rank: with `--allocator system` (glibc's defaults) our
-executors' ranks faulted in fresh pages every step where torch's did not, which was the whole of the 1f1b gap
-(docs/benchmarks.md).
+Each variant's minor page faults per step are printed by rank (`--allocator system`: glibc's malloc defaults, under
+which a rank can fault thousands of pages a step in again). `--exchange fused` runs our gpipe and 1f1b with receives
+posted at their action instead of at the step's start (docs/benchmarks.md measures both).
 
-    python benchmarks/pipeline_step.py [--rounds 5] [--steps 3] [--width 2048] [--allocator retain] [--json OUT]
+    python benchmarks/pipeline_step.py [--rounds 5] [--steps 3] [--width 2048] [--allocator retain] [--exchange prepost]
+                                        [--json OUT]
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ def main() -> None:
     parser.add_argument("--allocator", choices=("retain", "system"), default="retain",
                         help="the ranks' malloc policy, as a suite's `allocator` key (harness/run/allocator.py): "
                         "retain (the harness's default) or system (the C library's defaults)")
+    parser.add_argument("--exchange", choices=("prepost", "fused"), default="prepost",
+                        help="our gpipe's and 1f1b's `exchange` parameter (interleaved always pre-posts)")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     a = parser.parse_args()
     sizes = dict(width=a.width, layers=a.layers, batch=a.batch, microbatches=a.microbatches)
-    ranks = spawn(pipeline_against_torch, 2, a.rounds, a.steps, *sizes.values(), timeout=3600,
+    ranks = spawn(pipeline_against_torch, 2, a.rounds, a.steps, *sizes.values(), 2, a.exchange, timeout=3600,
                   allocator=a.allocator)
     per_round = {name: [max(v) for v in zip(*(r[name] for r in ranks), strict=True)] for name in VARIANTS}
     med = {name: statistics.median(values) for name, values in per_round.items()}
@@ -60,14 +63,15 @@ def main() -> None:
     configure(a.allocator)  # the baselines run in this process, under the ranks' policy
     base = single_process_baselines(max(3, a.steps), *sizes.values())
     faults = {name: [r["page_faults"][name] for r in ranks] for name in VARIANTS}
-    out = {**med, **base, "allocator": a.allocator, "page_faults_per_step": faults,
+    out = {**med, **base, "allocator": a.allocator, "exchange": a.exchange,
+           "page_faults_per_step": faults,
            **{f"{k}_ratio": statistics.median(v) for k, v in ratios.items()},
            "bubble_measured": bubbles["gpipe"], "bubble_ideal": ideal_bubble(2, a.microbatches),
            "interleaved_bubble_measured": bubbles["interleaved"],
            "interleaved_bubble_ideal": ideal_bubble(2, a.microbatches, 2)}
     print(f"{a.layers} x Linear({a.width}, {a.width}), batch {a.batch}, M = {a.microbatches}, 2 ranks x 1 thread, "
-          f"gloo, allocator {a.allocator}; {a.rounds} rounds x {a.steps} steps, interleaved (median of per-round max "
-          f"over ranks; page faults: mean per step, by rank)")
+          f"gloo, allocator {a.allocator}, exchange {a.exchange}; {a.rounds} rounds x {a.steps} steps, interleaved "
+          f"(median of per-round max over ranks; page faults: mean per step, by rank)")
     for name in VARIANTS:
         print(f"  {name:17s} {med[name]:7.3f} s/step   page faults {' '.join(f'{f:8.0f}' for f in faults[name])}")
     print("  ours / torch (median of per-round ratios; goal <= 1): " + ", ".join(

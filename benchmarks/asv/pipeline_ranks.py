@@ -13,11 +13,13 @@ VARIANTS = ("ours_gpipe", "torch_gpipe", "ours_1f1b", "torch_1f1b", "ours_interl
 
 
 def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, width: int = 2048, layers: int = 8,
-                           batch: int = 256, microbatches: int = 8, chunks: int = 2) -> dict[str, Any]:
+                           batch: int = 256, microbatches: int = 8, chunks: int = 2,
+                           exchange: str = "prepost") -> dict[str, Any]:
     """Step times (s/step per block) of our gpipe, 1f1b and interleaved-1f1b executors and of torch's ScheduleGPipe,
     Schedule1F1B and ScheduleInterleaved1F1B: `layers` Linear(width, width), one stage per rank (layers / world_size
     each) or `chunks` stages per rank (layers / (world_size · chunks) each), the same microbatches, loss and SGD
-    update. Also the per-step trace events of our gpipe and interleaved steps on this rank, for the bubbles, and the
+    update; our gpipe and 1f1b with `exchange` (their parameter: "prepost" or "fused"; interleaved always
+    pre-posts). Also the per-step trace events of our gpipe and interleaved steps on this rank, for the bubbles, and the
     mean minor page faults per step of each variant (`page_faults`: this process, every thread)."""
     import torch
     import torch.distributed as dist
@@ -43,11 +45,11 @@ def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, 
         per = layers // stages
         return {s: full[s * per:(s + 1) * per] for s in range(rank, stages, world_size)}
 
-    def ours(stages: int, plan: Placement, actions: list, traces: list | None):
+    def ours(stages: int, plan: Placement, actions: list, traces: list | None, overlap: bool = True):
         local = modules(stages)
         made = {s: Stage(s, stages, m, torch.optim.SGD(m.parameters(), lr=1e-4), Live(m), nn.functional.cross_entropy)
                 for s, m in local.items()}
-        executor = ProcessExecutor(rank, made, comm, plan, Wire([(width,)] * (stages + 1)))
+        executor = ProcessExecutor(rank, made, comm, plan, Wire([(width,)] * (stages + 1)), overlap=overlap)
         keys = [(0, m) for m in range(microbatches)]
         views = {s: Microbatches(sizes=dict.fromkeys(keys, mb)) for s in made}
         if 0 in views:
@@ -84,9 +86,11 @@ def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, 
     gpipe_traces: list = []
     interleaved_traces: list = []
     one_stage = Placement.one_per_rank(flat)
+    prepost = exchange == "prepost"  # "fused": ExchangedPipeline's executor option (methods/pipeline/flushed.py)
     ours_gpipe, ex1 = ours(flat, one_stage, place(schedules.gpipe(flat, microbatches), one_stage)[rank],
-                           gpipe_traces)
-    ours_1f1b, ex2 = ours(flat, one_stage, place(schedules.one_f_one_b(flat, microbatches), one_stage)[rank], None)
+                           gpipe_traces, prepost)
+    ours_1f1b, ex2 = ours(flat, one_stage, place(schedules.one_f_one_b(flat, microbatches), one_stage)[rank], None,
+                          prepost)
     ours_inter, ex3 = ours(deep, Placement.interleaved(world_size, chunks),
                            schedules.interleaved_1f1b(world_size, chunks, microbatches)[rank], interleaved_traces)
     variants = {"ours_gpipe": ours_gpipe, "torch_gpipe": theirs(flat, ScheduleGPipe), "ours_1f1b": ours_1f1b,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -20,6 +20,14 @@ from methods.pipeline.versions import Live, WeightPolicy
 
 class FlushedParams(PipelineParams):
     microbatches: int = Field(default=4, ge=1, description="microbatches per minibatch (M)")
+
+
+class ExchangeParams(FlushedParams):
+    exchange: Literal["prepost", "fused"] = Field(
+        default="prepost", description="how tensors move between stages: 'prepost' (every receive of a step posted "
+        "at its start, sends asynchronous: transfers overlap compute) or 'fused' (a receive posted at its action, a "
+        "send completed there or together with the receive that follows, as Megatron-LM and torch's Schedule1F1B "
+        "pair them: transfers happen while the stage waits); one replica per stage")
 
 
 class FlushedPipeline(PipelineMethod):
@@ -71,3 +79,26 @@ class FlushedPipeline(PipelineMethod):
         for (r, s), st in self.workers.items():
             st.module.load_state_dict(state["stages"][f"{r}.{s}"]["module"])
             st.optimizer.load_state_dict(state["stages"][f"{r}.{s}"]["optimizer"])
+
+
+class ExchangedPipeline(FlushedPipeline):
+    """A flushed pipeline of one stage per rank (gpipe, 1f1b) whose stage-to-stage exchange is a parameter: with
+    `exchange = "fused"` its executor posts each receive at its action and completes each send at its action or
+    together with the receive that follows (ProcessExecutor's overlap=False), which is deadlock-free for these
+    schedules (every rank's blocking sends are matched in order by its neighbours' receives) but not for interleaved
+    or replicated ones, hence not offered there. On a machine whose cores all compute, a transfer that overlaps
+    compute takes a core from it: docs/benchmarks.md measures both."""
+
+    Params: ClassVar[type[ExchangeParams]] = ExchangeParams
+
+    @classmethod
+    def check_world_size(cls, world_size: int, params: ExchangeParams) -> str | None:
+        if params.exchange == "fused" and world_size > 1:
+            if params.replicas is not None and params.replicas != [1] * len(params.replicas):
+                return f"exchange = 'fused' needs one replica per stage, got replicas = {params.replicas}"
+            if params.stages is not None and params.stages != world_size:
+                return f"exchange = 'fused' needs one stage per rank, got {params.stages} stages on {world_size} ranks"
+        return super().check_world_size(world_size, params)
+
+    def executor_options(self) -> dict[str, Any]:
+        return {"overlap": self.ctx.params.exchange == "prepost"}

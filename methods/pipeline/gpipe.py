@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from methods.pipeline import schedule
-from methods.pipeline.flushed import FlushedPipeline
+from methods.pipeline.flushed import ExchangedPipeline
 
 
-class GPipe(FlushedPipeline):
+class GPipe(ExchangedPipeline):
     """for each minibatch, cut into M microbatches:
         stage s: forward(0..M-1) (receiving from s-1, sending to s+1)
                  backward(0..M-1) (receiving from s+1, sending to s-1), gradients accumulated

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from methods.pipeline import schedule
-from methods.pipeline.flushed import FlushedPipeline
+from methods.pipeline.flushed import ExchangedPipeline
 
 
-class OneFOneB(FlushedPipeline):
+class OneFOneB(ExchangedPipeline):
     """for each minibatch, cut into M microbatches:
         stage s: min(S-1-s, M) warm-up forwards
                  then one forward and one backward in turn
