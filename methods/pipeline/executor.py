@@ -98,10 +98,12 @@ class ProcessExecutor:
     the wait. Tensors go through the wire's codecs; the communicator counts the payload bytes as `activations` and
     `activation_grads`. SYNC_GRADS all-reduces a stage's gradients among its replicas (`gradient_sync`).
 
-    `overlap=False` turns the overlap off, for comparison: a receive is posted at its action and a send completed
-    there (or, when a receive follows it, together with that receive), so every transfer happens while the stage
-    waits. `watch` (with overlap) is a communication thread that completes the pre-posted receives and notes their
-    arrival (methods/pipeline/overlap.py)."""
+    `overlap=False` turns the overlap off: a receive is posted at its action and a send completed there (or, when a
+    receive follows it, together with that receive), so every transfer happens while the stage waits (apapo's
+    comparison, and gpipe's and 1f1b's `exchange = "fused"`). Its sends block, so it is deadlock-free only for
+    schedules whose blocking sends their peers' receives meet in order (one stage per rank: gpipe, 1f1b); an
+    interleaved schedule hangs under it. `watch` (with overlap) is a communication thread that completes the
+    pre-posted receives and notes their arrival (methods/pipeline/overlap.py)."""
 
     def __init__(self, rank: int, stages: Mapping[int, Stage], comm: Communicator, placement: Placement,
                  wire: Wire, replica_comms: Mapping[int, Communicator] | None = None, sync_mean: bool = False,
