@@ -20,9 +20,9 @@ def _wrap(fn: Callable[..., Any], rank: int, world_size: int, port: int, out: An
 
     from harness.run.allocator import configure
 
-    configure(allocator)  # as the worker does (harness/run/worker.py)
     torch.set_num_threads(1)
     try:
+        configure(allocator)  # as the worker does (harness/run/worker.py); a bad policy reaches the test as an error
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
         # plain pickle: torch's shared-memory tensor passing dies with the child process
