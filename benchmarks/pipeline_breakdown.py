@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks" / "asv")]
 
 
 def breakdown(rank: int, world_size: int, schedule: str, steps: int, width: int = 2048, layers: int = 8,
@@ -32,33 +32,23 @@ def breakdown(rank: int, world_size: int, schedule: str, steps: int, width: int 
     import torch
     import torch.distributed as dist
     import torch.distributed.pipelining.schedules as torch_schedules
+    from pipeline_ranks import microbatch_views, our_stages, stage_modules, torch_schedule_step
     from torch import nn
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
     from harness.comm.communicator import Communicator
     from methods.pipeline import schedule as schedules
-    from methods.pipeline.executor import Microbatches, ProcessExecutor, Wire
+    from methods.pipeline.executor import ProcessExecutor, Wire
     from methods.pipeline.placement import Placement, place
-    from methods.pipeline.stage import Stage
-    from methods.pipeline.versions import Live
 
     chunks = 2 if schedule == "interleaved" else 1
     stages = world_size * chunks
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, width, generator=g)
     y = torch.randint(0, width, (batch,), generator=g)
-    size = batch // microbatches
-
-    def modules() -> dict[int, nn.Sequential]:
-        torch.manual_seed(0)
-        full = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
-        per = layers // stages
-        return {s: full[s * per:(s + 1) * per] for s in range(rank, stages, world_size)}
 
     # ours
-    local = modules()
-    made = {s: Stage(s, stages, m, torch.optim.SGD(m.parameters(), lr=1e-4), Live(m), nn.functional.cross_entropy)
-            for s, m in local.items()}
+    made = our_stages(rank, world_size, stages, width, layers)
     if chunks == 1:
         plan = Placement.one_per_rank(stages)
         actions = place(schedules.one_f_one_b(stages, microbatches), plan)[rank]
@@ -67,13 +57,7 @@ def breakdown(rank: int, world_size: int, schedule: str, steps: int, width: int 
         actions = schedules.interleaved_1f1b(world_size, chunks, microbatches)[rank]
     executor = ProcessExecutor(rank, made, Communicator(rank, world_size, dist.group.WORLD), plan,
                                Wire([(width,)] * (stages + 1)))
-    keys = [(0, m) for m in range(microbatches)]
-    views = {s: Microbatches(sizes=dict.fromkeys(keys, size)) for s in made}
-    if 0 in views:
-        views[0].inputs = dict(zip(keys, torch.split(x, size), strict=True))
-    if stages - 1 in views:
-        views[stages - 1].targets = dict(zip(keys, torch.split(y, size), strict=True))
-        views[stages - 1].scales = dict.fromkeys(keys, 1.0 / microbatches)
+    views = microbatch_views(made, stages, x, y, microbatches)
     ours_parts: collections.Counter = collections.Counter()
 
     def ours() -> None:
@@ -83,7 +67,7 @@ def breakdown(rank: int, world_size: int, schedule: str, steps: int, width: int 
             ours_parts[kind] += event.end - event.start
 
     # torch's, with its stage's compute and the schedule's P2P timed
-    theirs_local = modules()
+    theirs_local = stage_modules(rank, world_size, stages, width, layers)
     optimizer = torch.optim.SGD([p for m in theirs_local.values() for p in m.parameters()], lr=1e-4)
     their_stages = [PipelineStage(m, s, stages, torch.device("cpu")) for s, m in theirs_local.items()]
     if chunks == 1:
@@ -110,12 +94,7 @@ def breakdown(rank: int, world_size: int, schedule: str, steps: int, width: int 
 
     def theirs() -> None:
         optimizer.zero_grad(set_to_none=True)
-        if rank == 0:
-            sched.step(x)
-        elif rank == world_size - 1:
-            sched.step(target=y)
-        else:
-            sched.step()
+        torch_schedule_step(sched, rank, world_size, x, y)
         start = time.perf_counter()
         optimizer.step()
         their_parts["update"] += time.perf_counter() - start

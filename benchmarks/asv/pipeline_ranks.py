@@ -12,6 +12,57 @@ from dtbench_bench_ranks import interleaved
 VARIANTS = ("ours_gpipe", "torch_gpipe", "ours_1f1b", "torch_1f1b", "ours_interleaved", "torch_interleaved")
 
 
+def stage_modules(rank: int, world_size: int, stages: int, width: int, layers: int) -> dict[int, Any]:
+    """This rank's stages (s = rank, rank + world_size, ...) of `layers` Linear(width, width) built with seed 0,
+    layers / stages each: the same weights for our executors and torch's."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    full = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+    per = layers // stages
+    return {s: full[s * per:(s + 1) * per] for s in range(rank, stages, world_size)}
+
+
+def our_stages(rank: int, world_size: int, stages: int, width: int, layers: int) -> dict[int, Any]:
+    """stage_modules as our Stages: live weights, SGD (lr 1e-4), cross-entropy on the last."""
+    import torch
+    from torch import nn
+
+    from methods.pipeline.stage import Stage
+    from methods.pipeline.versions import Live
+
+    return {s: Stage(s, stages, m, torch.optim.SGD(m.parameters(), lr=1e-4), Live(m), nn.functional.cross_entropy)
+            for s, m in stage_modules(rank, world_size, stages, width, layers).items()}
+
+
+def microbatch_views(held: Any, stages: int, x: Any, y: Any, microbatches: int) -> dict[int, Any]:
+    """The Microbatches of the stages in `held`: x's and y's equal slices on the first and the last stage."""
+    import torch
+
+    from methods.pipeline.executor import Microbatches
+
+    size = len(x) // microbatches
+    keys = [(0, m) for m in range(microbatches)]
+    views = {s: Microbatches(sizes=dict.fromkeys(keys, size)) for s in held}
+    if 0 in views:
+        views[0].inputs = dict(zip(keys, torch.split(x, size), strict=True))
+    if stages - 1 in views:
+        views[stages - 1].targets = dict(zip(keys, torch.split(y, size), strict=True))
+        views[stages - 1].scales = dict.fromkeys(keys, 1.0 / microbatches)
+    return views
+
+
+def torch_schedule_step(sched: Any, rank: int, world_size: int, x: Any, y: Any) -> None:
+    """One step of a torch.distributed.pipelining schedule: the inputs on the first rank, the targets on the last."""
+    if rank == 0:
+        sched.step(x)
+    elif rank == world_size - 1:
+        sched.step(target=y)
+    else:
+        sched.step()
+
+
 def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, width: int = 2048, layers: int = 8,
                            batch: int = 256, microbatches: int = 8, chunks: int = 2,
                            exchange: str = "prepost") -> dict[str, Any]:
@@ -28,35 +79,17 @@ def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, 
 
     from harness.comm.communicator import Communicator
     from methods.pipeline import schedule as schedules
-    from methods.pipeline.executor import Microbatches, ProcessExecutor, Wire
+    from methods.pipeline.executor import ProcessExecutor, Wire
     from methods.pipeline.placement import Placement, place
-    from methods.pipeline.stage import Stage
-    from methods.pipeline.versions import Live
-
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, width, generator=g)
     y = torch.randint(0, width, (batch,), generator=g)
-    mb = batch // microbatches
     comm = Communicator(rank, world_size, dist.group.WORLD)
 
-    def modules(stages: int) -> dict[int, nn.Sequential]:
-        torch.manual_seed(0)
-        full = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
-        per = layers // stages
-        return {s: full[s * per:(s + 1) * per] for s in range(rank, stages, world_size)}
-
     def ours(stages: int, plan: Placement, actions: list, traces: list | None, overlap: bool = True):
-        local = modules(stages)
-        made = {s: Stage(s, stages, m, torch.optim.SGD(m.parameters(), lr=1e-4), Live(m), nn.functional.cross_entropy)
-                for s, m in local.items()}
+        made = our_stages(rank, world_size, stages, width, layers)
         executor = ProcessExecutor(rank, made, comm, plan, Wire([(width,)] * (stages + 1)), overlap=overlap)
-        keys = [(0, m) for m in range(microbatches)]
-        views = {s: Microbatches(sizes=dict.fromkeys(keys, mb)) for s in made}
-        if 0 in views:
-            views[0].inputs = dict(zip(keys, torch.split(x, mb), strict=True))
-        if stages - 1 in views:
-            views[stages - 1].targets = dict(zip(keys, torch.split(y, mb), strict=True))
-            views[stages - 1].scales = dict.fromkeys(keys, 1.0 / microbatches)
+        views = microbatch_views(made, stages, x, y, microbatches)
 
         def step() -> None:
             trace = executor.run(actions, views)
@@ -65,7 +98,7 @@ def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, 
         return step, executor
 
     def theirs(stages: int, cls):
-        local = modules(stages)
+        local = stage_modules(rank, world_size, stages, width, layers)
         optimizer = torch.optim.SGD([p for m in local.values() for p in m.parameters()], lr=1e-4)
         made = [PipelineStage(m, s, stages, torch.device("cpu")) for s, m in local.items()]
         sched = cls(made if cls is ScheduleInterleaved1F1B else made[0], n_microbatches=microbatches,
@@ -73,12 +106,7 @@ def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, 
 
         def step() -> None:
             optimizer.zero_grad(set_to_none=True)
-            if rank == 0:
-                sched.step(x)
-            elif rank == world_size - 1:
-                sched.step(target=y)
-            else:
-                sched.step()
+            torch_schedule_step(sched, rank, world_size, x, y)
             optimizer.step()
         return step
 
