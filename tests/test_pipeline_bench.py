@@ -33,7 +33,7 @@ def test_the_breakdown_splits_both_sides_steps(schedule):
 def test_the_peer_benchmark_reports_times_faults_and_traces_of_every_variant():
     from pipeline_ranks import VARIANTS, pipeline_against_torch
 
-    ranks = spawn(pipeline_against_torch, 2, 1, 1, 32, 8, 16, 8, timeout=300, allocator="system")
+    ranks = spawn(pipeline_against_torch, 2, 1, 1, 32, 8, 16, 8, 2, "fused", timeout=300, allocator="system")
     for result in ranks:
         assert set(VARIANTS) <= set(result) and set(result["page_faults"]) == set(VARIANTS)
         assert all(len(result[name]) == 1 and result[name][0] > 0 for name in VARIANTS)
