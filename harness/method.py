@@ -25,7 +25,9 @@ class TrainParams(BaseModel):
     with `lr` and exposes them through `Method.optimizers`.
     """
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # no inf lr, no NaN momentum
+    # No inf lr, no NaN momentum; strict: lr = "0.05" or nesterov = "yes" is an error for every method's Params,
+    # never converted (lr = 1, an int where a float belongs, is still accepted).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     batch_size: int = Field(default=32, ge=1)
     lr: float = Field(default=0.05, gt=0)

@@ -21,7 +21,7 @@ Seed = Annotated[int, Field(ge=0, lt=2**32)]
 class RunEntry(BaseModel):
     """One `[[run]]` table of a suite file."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: world_size = "2" is an error, as in Budget
 
     method: str
     world_size: int = Field(default=1, ge=1)
@@ -43,7 +43,7 @@ class RunEntry(BaseModel):
 class SuiteFile(BaseModel):
     """The top level of a suite file (see docs/suites.md)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = Field(pattern=SAFE_NAME, max_length=MAX_NAME)
     workload: str
@@ -98,8 +98,8 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
         workload, workload_entry = _lookup(path, f"{where}.workload" if entry.workload else "workload",
                                            registry.WORKLOADS, workload_name)
         options = {**(suite.workload_options if not entry.workload else {}), **entry.workload_options}
-        try:
-            resolved_options = workload.Options.model_validate(options).model_dump()
+        try:  # strict here, not in each workload's Options: every workload's options, a plugin's too
+            resolved_options = workload.Options.model_validate(options, strict=True).model_dump()
         except ValidationError as exc:
             raise first_error(path, exc, prefix=f"{where}.workload_options") from None
 
@@ -218,7 +218,7 @@ def check_spec(spec: RunSpec, path: str | Path) -> None:
     method_cls, _ = _lookup(path, "method", registry.METHODS, spec.method)
     workload, _ = _lookup(path, "workload", registry.WORKLOADS, spec.workload)
     try:
-        workload.Options.model_validate(spec.workload_options)
+        workload.Options.model_validate(spec.workload_options, strict=True)
     except ValidationError as exc:
         raise first_error(path, exc, prefix="workload_options") from None
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,20 +33,41 @@ def field_path(loc: tuple[Any, ...]) -> str:
     return out or "<top level>"
 
 
+#: A location part that names a member of a union type (pydantic's tag: 'int', 'list[int]', "literal['auto']",
+#: 'function-after[...]', a model's class name), not a field.
+_UNION_TAG = re.compile(r"^(int|float|str|bool|none|[a-z-]+\[.*\]|function-[a-z]+|[A-Z]\w*)$")
+
+
+#: pydantic's error types for a value that is not a number or a bool (in strict mode: a string that looks like one).
+_NUMBER_OR_BOOL = frozenset({"int_type", "float_type", "bool_type"})
+
+
+def _field_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`loc` without the union-member tags: ('threads_per_rank', 'list[int]', 0) -> ('threads_per_rank', 0)."""
+    return tuple(x for x in loc if isinstance(x, int) or not _UNION_TAG.match(str(x)))
+
+
 def first_error(path: Path, err: ValidationError, prefix: str = "") -> FileError:
-    """The first problem pydantic found, as one line: '<file>: <field>: <what is wrong>'."""
-    e = err.errors()[0]
-    loc = tuple(x for x in e["loc"] if x not in ("function-after",))
+    """The first problem pydantic found, as one line: '<file>: <field>: <what is wrong>'. A value that fits no
+    member of a union type is one problem: its field once, with what each member wanted."""
+    errors = err.errors()
+    e = errors[0]
+    loc = _field_loc(e["loc"])
     field = field_path(loc)
     if prefix:
         field = f"{prefix}.{field}" if field != "<top level>" else prefix
+    wanted = list(dict.fromkeys(x["msg"] for x in errors if _field_loc(x["loc"]) == loc and x["type"] != "missing"))
     msg = e["msg"]
+    if len(wanted) > 1:  # 'Input should be a valid integer or a valid list'
+        msg = " or ".join([wanted[0], *(w.removeprefix("Input should be ") for w in wanted[1:])])
     if e["type"] == "extra_forbidden":
         msg = "unknown key"
     elif e["type"] == "missing":
         msg = "required key is missing"
     elif "input" in e and e["type"] not in ("value_error",):
         msg = f"{msg} (got {e['input']!r})"
+        if isinstance(e["input"], str) and e["type"] in _NUMBER_OR_BOOL:  # TOML's "2" is a string, 2 a number
+            msg += ": write true or false, without quotes" if e["type"] == "bool_type" else ": write it without quotes"
     return FileError(f"{path}: {field}: {msg}")
 
 

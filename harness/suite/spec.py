@@ -21,7 +21,9 @@ MAX_NAME = 128
 class Budget(BaseModel):
     """When a run stops (whichever limit comes first) and how often it is evaluated."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # strict: TOML has real types, so "10" or true where a number belongs is an error, never converted (an int
+    # where a float belongs, max_epochs = 10, is still accepted: pydantic's strict mode allows int for float).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     max_epochs: float | None = Field(default=None, gt=0)
     max_steps: int | None = Field(default=None, gt=0)
