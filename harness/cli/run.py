@@ -31,7 +31,10 @@ def add(verbs) -> None:
                      help="skip runs whose status.json says completed; continue the others from their newest "
                           "checkpoint whose sha256 and spec hash verify (checkpoint.pt, else checkpoint.prev.pt), "
                           "else rerun them from the start (docs/slurm.md)")
-    run.add_argument("--dry-run", action="store_true", help="validate and list the runs; write nothing")
+    run.add_argument("--dry-run", action="store_true",
+                     help="validate and list the runs with their params (those that differ from the method's "
+                          "defaults) and what the real run would do with each run's folder under --out (new, "
+                          "replaces an earlier run; with --resume: skipped, resumed, started over); write nothing")
     run.add_argument("--quiet", action="store_true", help="no progress bars (the per-run lines still print)")
     run.add_argument("--network", metavar="SPEC", type=network_arg,
                      help=NETWORK_HELP + ". Replaces the suite's [network] and every run's network (run ids and "
@@ -66,9 +69,9 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
     if args.site or args.nodes:
         return fail("--site and --nodes are for --launcher slurm")
     if args.dry_run:
-        for spec in specs:
-            print(f"{spec.run_id}\t{spec.method}\t{spec.workload}\tworld_size={spec.world_size}\tseed={spec.seed}")
-        print(f"{len(specs)} runs; nothing written (--dry-run).")
+        from harness.cli.dry_run import listing
+
+        print("\n".join(listing(specs, args.out, args.resume)))
         return 0
     problem = network_problem(specs)
     if problem:

@@ -1,0 +1,83 @@
+"""`dtbench run --dry-run`: each run's resolved params, and what the real run would do with each run folder."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from test_config import GOOD, write
+
+from harness.cli import main
+from harness.cli.dry_run import changed_params
+from harness.run import checkpoint, checkpoint_files
+from harness.suite.expand import expand_suite
+
+
+def _lines(capsys) -> list[str]:
+    return capsys.readouterr().out.splitlines()
+
+
+def test_each_run_shows_the_params_that_differ_from_its_methods_defaults(tmp_path, capsys):
+    path = write(tmp_path, GOOD)
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out), "--dry-run"]) == 0
+    lines = _lines(capsys)
+    sgd = next(line for line in lines if line.startswith("sgd-digits-mlp-w1-s0\t"))
+    ddp = next(line for line in lines if line.startswith("ddp-digits-mlp-w2-lr0.2-s0\t"))
+    # lr from the suite's [defaults] (sgd) or the run's params (ddp); momentum from the workload; batch_size 32 is
+    # the method's own default, so it is not listed.
+    assert "params: lr=0.1 momentum=0.9\t" in sgd and "params: lr=0.2 momentum=0.9\t" in ddp
+    assert "batch_size" not in sgd
+    assert not out.exists()
+
+
+def test_changed_params_are_those_the_spec_records_unlike_the_defaults(tmp_path):
+    sgd, _, ddp, _ = expand_suite(write(tmp_path, GOOD))
+    assert changed_params(sgd) == {"lr": 0.1, "momentum": 0.9}
+    assert changed_params(ddp) == {"lr": 0.2, "momentum": 0.9}
+    assert all(sgd.params[k] == v for k, v in changed_params(sgd).items())
+
+
+def test_a_dry_run_says_which_run_folders_the_real_run_would_replace(tmp_path, capsys):
+    path = write(tmp_path, GOOD)
+    out = tmp_path / "out"
+    main(["run", str(path), "--out", str(out), "--dry-run"])
+    assert _lines(capsys)[-1] == f"The real run would write 4 new run folders in {out / 't'}."
+    for run_id in ("sgd-digits-mlp-w1-s0", "ddp-digits-mlp-w2-lr0.2-s1"):
+        (out / "t" / run_id).mkdir(parents=True)
+    (out / "t" / "other-run-not-in-the-suite").mkdir()
+    before = sorted(p.name for p in (out / "t").iterdir())
+    assert main(["run", str(path), "--out", str(out), "--dry-run"]) == 0
+    lines = _lines(capsys)
+    assert lines[0].startswith("sgd-digits-mlp-w1-s0\t") and lines[0].endswith("\t[replaces an earlier run]")
+    assert lines[1].endswith("\t[new]")
+    assert lines[-1] == (f"The real run would replace 2 earlier runs in {out / 't'} and write 2 new; use --resume to "
+                         "keep completed runs, or another --out.")
+    assert sorted(p.name for p in (out / "t").iterdir()) == before  # nothing written, nothing removed
+
+
+def test_with_resume_a_dry_run_says_which_runs_are_skipped_resumed_or_started_over(tmp_path, capsys):
+    path = write(tmp_path, GOOD)
+    out = tmp_path / "out"
+    specs = {spec.run_id: spec for spec in expand_suite(path)}
+    completed, resumed, restarted = (out / "t" / run_id for run_id in
+                                     ("sgd-digits-mlp-w1-s0", "sgd-digits-mlp-w1-s1", "ddp-digits-mlp-w2-lr0.2-s0"))
+    for run_dir in (completed, resumed, restarted):
+        run_dir.mkdir(parents=True)
+        spec = specs[run_dir.name]
+        (run_dir / "spec.json").write_text(json.dumps(spec.model_dump(mode="json")))
+    (completed / "status.json").write_text(json.dumps({"state": "completed"}))
+    (restarted / "status.json").write_text(json.dumps({"state": "failed"}))
+    spec_json = specs[resumed.name].model_dump_json()
+    state = {"format": checkpoint.FORMAT_VERSION, "spec": spec_json, "step": 7, "metrics_bytes": 0,
+             "ranks": [{"w": torch.zeros(4)}]}
+    checkpoint_files.write(resumed, state, checkpoint_files.spec_hash(spec_json))
+
+    assert main(["run", str(path), "--out", str(out), "--dry-run", "--resume"]) == 0
+    lines = _lines(capsys)
+    assert lines[0].endswith("\t[completed earlier: skipped (--resume)]")
+    assert lines[1].endswith("\t[resuming from its checkpoint.pt at step 7 (--resume)]")
+    assert "\t[starts over, replacing an earlier attempt: no checkpoint of this spec (--resume)]" in lines[2]
+    assert lines[3].endswith("\t[new]")
+    assert lines[-1] == (f"With --resume the real run would skip 1 completed, resume 1 from a checkpoint, start 1 "
+                         f"over, write 1 new in {out / 't'}.")
