@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.report import comparisons, figures, hygiene, local, network, page, pipeline, styles, tables
+from harness.report import comparisons, figures, hygiene, network, page, pipeline, rankings, tables
+from harness.report import plots as plots_module
 from harness.results import RunResult, load_suite
 
 #: The method whose label is the default baseline, when the suite has runs of it.
@@ -89,64 +90,54 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     out_dir = Path(out_dir) if out_dir is not None else suite_dir / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
 
+    ranked = rankings.rankings(table, baseline_label)
+    ranked.to_csv(out_dir / "rankings.csv", index=False)
+    table = pd.concat([table, rankings.run_speedups(table, ranked, baseline_label)], axis=1)
     table.to_csv(out_dir / "summary.csv", index=False)
     completed = [run for run in runs if run.state == "completed"]
     used = completed or runs
     scope = (f"Aggregates and plots use the {len(completed)} completed runs." if completed
              else "No run completed: aggregates and plots use every run.")
     used_table = table[table["state"] == "completed"] if completed else table
-    target = tables.common_target(runs)
-    look = styles.label_styles(table)
-    plots = {
-        "accuracy_vs_time.png": figures.plot_accuracy(tables.curves(used, "train_time_s"),
-                                                      tables.X_AXES["train_time_s"], target, look),
-        "accuracy_vs_epoch.png": figures.plot_accuracy(tables.curves(used, "epoch"), tables.X_AXES["epoch"], target,
-                                                       look),
-        "time_to_target.png": figures.plot_time_to_target(used_table, target, look),
-        "bytes_per_sample.png": figures.plot_bytes_per_sample(used_table, look),
-    }
     has_target = any((run.spec.get("budget") or {}).get("target_accuracy") is not None for run in used)
     robust = comparisons.robust_table(used_table, baseline_label, has_target)
     robust.to_csv(out_dir / "comparisons.csv", index=False)
-    improvement = comparisons.improvement_long(robust)
-    if not improvement.empty:
-        plots["improvement.png"] = figures.plot_improvement(improvement, baseline_label, look)
-    scores = None
+    aggregates = rankings.by_rank(tables.aggregate(table, ("completed",) if completed else None), ranked)
+    few_seeds = (page.fewest_runs(aggregates) or 0) < page.MIN_SEEDS
+    scores, profile, left_out = None, None, None
     if has_target:
-        scores, profile = comparisons.algoperf(used_table)
-        if used_table["workload"].nunique() > 1:
-            plots["performance_profile.png"] = figures.plot_performance_profile(
-                profile, styles.label_styles(used_table.assign(
-                    label=comparisons.with_keys(used_table)["method_label"])))
-    sections = [comparisons.comparisons_html(robust, scores, baseline_label)]
+        covered, left_out, _ = comparisons.covering(table)
+        if covered["label"].nunique() > 1:
+            scores, profile = comparisons.algoperf(covered)
+    plots = plots_module.suite_plots(runs, used, table, used_table, robust, baseline_label, profile, few_seeds)
+    sections = [comparisons.comparisons_html(robust, scores, baseline_label, few_seeds, left_out)]
     for make in extra_sections:
         extra = make(suite_dir, runs, table, out_dir)
         if extra:
             sections.append(extra)
-    heads = local.head_accuracies(used)
-    if not heads.empty:
-        plots["head_accuracy.png"] = local.plot_head_accuracy(heads)
-    plots.update(pipeline.gantt_figures(used))
     pipeline_section = pipeline.pipeline_html(used, used_table, out_dir)
     if pipeline_section:
         sections.append(pipeline_section)
     if used_table["network"].nunique() > 1:
         speedups = network.network_speedup(used_table, baseline_label)
         speedups.to_csv(out_dir / "network_speedup.csv", index=False)
-        plots["network_crossover.png"] = network.plot_network_crossover(speedups, baseline_label)
+        plots.append(plots_module.Plot("network_crossover.png",
+                                       network.plot_network_crossover(speedups, baseline_label)))
         sections.append(network.network_html(speedups, baseline_label))
     images = {}
-    for name, fig in plots.items():
-        images[name] = figures.png_bytes(fig)
-        (out_dir / name).write_bytes(images[name])
+    for plot in plots:
+        images[plot.name] = figures.png_bytes(plot.figure)
+        (out_dir / plot.name).write_bytes(images[plot.name])
+    shown = plots_module.figures_html(images, {plot.name: plot.caption for plot in plots})
 
     suite = str(runs[0].spec.get("suite") or suite_dir.name)
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    html = page.render_html(suite, generated, table, tables.aggregate(table, ("completed",) if completed else None),
-                            tables.failures(runs), images, scope, sections, (baseline_label, chosen),
-                            [hygiene.noisy_html(table),
+    html = page.render_html(suite, generated, table, aggregates, tables.failures(runs), shown, scope, sections,
+                            (baseline_label, chosen),
+                            [hygiene.noisy_html(table), page.small_sample_html(aggregates),
                              f'<p class="warning"><b>Corrupt records.</b> {html_escape(dropped)}.</p>\n' if dropped
-                             else ""])
+                             else ""],
+                            rankings=rankings.rankings_html(ranked, baseline_label, tables.common_target(runs)))
     index = out_dir / "index.html"
     index.write_text(html, encoding="utf-8")
     return index

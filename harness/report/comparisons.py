@@ -110,17 +110,40 @@ def algoperf(table: pd.DataFrame, points: int = 301) -> tuple[pd.DataFrame, pd.D
     return scores, profile
 
 
-def comparisons_html(robust: pd.DataFrame, scores: pd.DataFrame | None, baseline: str) -> str:
+def covering(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str], int]:
+    """summary (every run) -> (runs of the labels that ran every problem, the labels left out, problems).
+
+    A problem is a (workload, network, seed) of the folder; a label (without its network) covers it when it has a
+    run of it in any state. Aggregate scores (AlgoPerf) count only the covering labels, so that no label scores
+    0 on problems it never ran. Runs that did not complete keep their row with no time to target (a miss).
+    """
+    data = with_keys(table)
+    problems = set(zip(data["workload"].astype(str), data["network"], data["seed"], strict=True))
+    ran = {label: set(zip(group["workload"].astype(str), group["network"], group["seed"], strict=True))
+           for label, group in data.groupby("method_label", sort=False)}
+    keep = [label for label, mine in ran.items() if mine >= problems]
+    left_out = [label for label in ran if label not in keep]
+    kept = table[data["method_label"].isin(keep)].copy()
+    kept.loc[kept["state"] != "completed", "time_to_target_s"] = math.nan
+    return kept, left_out, len(problems)
+
+
+def comparisons_html(robust: pd.DataFrame, scores: pd.DataFrame | None, baseline: str,
+                     few_seeds: bool = False, left_out: list[str] | None = None) -> str:
     """The 'Robust comparisons' section: IQM and probability of improvement per label, the MLPerf result, and
-    (with a target) the AlgoPerf scores."""
+    (with a target) the AlgoPerf scores, over the labels that ran every problem (`left_out`: the others, named on
+    the page; None: no score for want of a target). `few_seeds` (some label has fewer than 3 runs) leaves out the
+    probability of improvement and MLPerf columns, which say nothing then (page.small_sample_html says why)."""
     shown = pd.DataFrame({"label": robust["label"], "runs": robust["runs"]})
     for metric, (name, _) in METRICS.items():
         shown[f"IQM {name}"] = [interval_text(r[f"iqm_{metric}"], r[f"iqm_{metric}_low"], r[f"iqm_{metric}_high"])
                                 for _, r in robust.iterrows()]
-        shown[f"P({name} better than baseline)"] = [
-            interval_text(r[f"poi_{metric}"], r[f"poi_{metric}_low"], r[f"poi_{metric}_high"], digits=".2f")
-            for _, r in robust.iterrows()]
-    shown["MLPerf time to target (s)"] = [number_text(v) for v in robust["mlperf_time_to_target_s"]]
+        if not few_seeds:
+            shown[f"P({name} better than baseline)"] = [
+                interval_text(r[f"poi_{metric}"], r[f"poi_{metric}_low"], r[f"poi_{metric}_high"], digits=".2f")
+                for _, r in robust.iterrows()]
+    if not few_seeds:
+        shown["MLPerf time to target (s)"] = [number_text(v) for v in robust["mlperf_time_to_target_s"]]
     e = html.escape
     parts = [
         "<h2>Robust comparisons</h2>\n",
@@ -131,10 +154,15 @@ def comparisons_html(robust: pd.DataFrame, scores: pd.DataFrame | None, baseline
         f"olympic mean over seeds (the fastest and the slowest run dropped; at least 3 runs, at most one miss).</p>\n",
         table_html(shown),
     ]
-    if scores is not None and len(scores):
+    skipped = (f" Left out, for not running every problem: {', '.join(left_out)}." if left_out else "")
+    if scores is not None and len(scores) > 1:
         shown_scores = scores.assign(score=[f"{v:.3f}" for v in scores["score"]])
         parts += [f"<p>AlgoPerf score (Dahl et al. 2023): the area under each label's performance profile from 1 to "
                   f"{profiles.R_MAX:g}, over {int(scores['problems'].iloc[0])} problems (workload, network, seed), "
-                  "divided by 3: 1 is the fastest to the target on every problem, 0 never within 4x the fastest.</p>\n",
-                  table_html(shown_scores)]
+                  "divided by 3: 1 is the fastest to the target on every problem, 0 never within 4x the fastest. Only "
+                  f"labels that ran every problem are scored; a run that did not complete counts as a miss.{e(skipped)}"
+                  "</p>\n", table_html(shown_scores)]
+    elif left_out is not None:
+        parts.append(f"<p>No AlgoPerf score: it compares labels over the same problems (workload, network, seed), "
+                     f"and fewer than two labels ran every problem.{e(skipped)}</p>\n")
     return "".join(parts)

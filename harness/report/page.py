@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import html
 import math
 from collections.abc import Sequence
@@ -19,6 +18,8 @@ th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
 th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
 .plots { display: flex; flex-wrap: wrap; gap: 1em; } .plots figure { margin: 0; }
 .plots img { max-width: 100%; width: 760px; border: 1px solid #eee; }
+.plots figure { max-width: 100%; } figcaption { font-size: 0.85em; color: #444; max-width: 760px; }
+.scroll { max-width: 100%; overflow-x: auto; } .verdict { font-weight: bold; }
 .failure { color: #a00; } .warning { background: #fff4d6; border-left: 4px solid #e0a000; padding: 0.4em 0.8em; }
 .PASS { color: #060; font-weight: bold; } .FAIL { color: #a00; font-weight: bold; } .INCONCLUSIVE { color: #666; }
 """
@@ -46,23 +47,55 @@ def interval_text(value: float, low: float, high: float, n: int | None = None, d
     return text if n is None else f"{text} (n={n})"
 
 
+def reached_text(row: pd.Series) -> str:
+    """An aggregate row's 'reached target' cell: '2/2', or '– (0 of 2 completed: diverged 2)' with no run to count."""
+    if row["used"] == 0:
+        return f"– (0 of {row['runs']} completed: {row['not_completed']})"
+    return f"{row['time_to_target_s_n']}/{row['used']}"
+
+
 def aggregate_display(aggregates: pd.DataFrame) -> pd.DataFrame:
     """aggregate (labels x columns) -> the same as text: 'mean [95% bootstrap CI] (n=…)' per metric."""
-    shown = pd.DataFrame({"label": aggregates["label"], "runs": aggregates["runs"],
-                          "completed": aggregates["completed"]})
+    shown = pd.DataFrame({"workload": aggregates["workload"], "label": aggregates["label"],
+                          "runs": aggregates["runs"], "completed": aggregates["completed"]})
     for metric, name in AGGREGATED.items():
         shown[name] = [interval_text(row[f"{metric}_mean"], row[f"{metric}_ci_low"], row[f"{metric}_ci_high"],
                                      row[f"{metric}_n"]) for _, row in aggregates.iterrows()]
-    shown["reached target"] = [f"{row['time_to_target_s_n']}/{row['used']}"
-                               for _, row in aggregates.iterrows()]
+    shown["reached target"] = [reached_text(row) for _, row in aggregates.iterrows()]
     if "noisy" in aggregates.columns and aggregates["noisy"].sum() > 0:
         shown["noisy runs"] = aggregates["noisy"]
     return shown
 
 def table_html(frame: pd.DataFrame) -> str:
-    """A DataFrame as an HTML table with every cell and header escaped."""
-    return frame.to_html(index=False, escape=True, na_rep="", border=0,
-                         float_format=lambda value: format(value, ".4g"))
+    """A DataFrame as an HTML table with every cell and header escaped, in a box that scrolls sideways when the
+    table is wider than the page (the page itself never does)."""
+    return '<div class="scroll">' + frame.to_html(index=False, escape=True, na_rep="", border=0,
+                                                  float_format=lambda value: format(value, ".4g")) + "</div>\n"
+
+
+#: Fewer runs than this per label and the page says that its intervals are ranges (small_sample_html).
+MIN_SEEDS = 3
+
+
+def fewest_runs(aggregates: pd.DataFrame) -> int | None:
+    """The fewest runs any label has in the statistics (labels with none left out); None when no label has one."""
+    used = aggregates.loc[aggregates["used"] > 0, "used"]
+    return int(used.min()) if len(used) else None
+
+
+def small_sample_html(aggregates: pd.DataFrame) -> str:
+    """A warning when some label has fewer than MIN_SEEDS runs: what its intervals then are, and what is hidden."""
+    fewest = fewest_runs(aggregates)
+    if fewest is None or fewest >= MIN_SEEDS:
+        return ""
+    few = aggregates[(aggregates["used"] > 0) & (aggregates["used"] < MIN_SEEDS)]
+    what = ("each interval is then the range from the smallest to the largest run (a bootstrap of 2 values "
+            "resamples only them)" if fewest == 2 else "with 1 run there is no interval at all")
+    return (f'<p class="warning"><b>Few seeds.</b> {len(few)} of {len(aggregates)} labels have fewer than '
+            f"{MIN_SEEDS} runs (as few as {fewest}): {what}, not a confidence interval. The probability of "
+            f"improvement over the baseline (its interval spans nearly [0, 1]) and the MLPerf time (an olympic mean "
+            f"of at least 3 runs) are not shown; comparisons.csv keeps their values. Give the suite at least "
+            f"{MIN_SEEDS} seeds for intervals that say something.</p>\n")
 
 def _rank(value: object) -> str | None:
     """A failure's rank as status.json means it ('1', not the '1.0' of a column that also holds None), or None."""
@@ -90,20 +123,17 @@ def failures_html(failed: pd.DataFrame) -> str:
 
 
 def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.DataFrame,
-                failed: pd.DataFrame, images: dict[str, bytes], scope: str, sections: Sequence[str] = (),
-                baseline: tuple[str, str] | None = None, warnings: Sequence[str] = ()) -> str:
+                failed: pd.DataFrame, figures: str, scope: str, sections: Sequence[str] = (),
+                baseline: tuple[str, str] | None = None, warnings: Sequence[str] = (), rankings: str = "") -> str:
     """What the page shows -> one self-contained HTML page (inline CSS, images as data: URIs, no links).
 
+    `figures`: the Plots section's figures as HTML (plots.figures_html).
     `sections`: HTML sections placed after the per-label table (e.g. network.network_html), in order.
     `baseline`: (label, how it was chosen), named at the top of the page.
     `warnings`: HTML paragraphs shown right under the title (e.g. hygiene.noisy_html).
+    `rankings`: the Rankings section (rankings.rankings_html), placed before every other table.
     """
     e = html.escape
-    figures = "\n".join(
-        f'<figure><img alt="{e(name)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
-        f"<figcaption>{e(name)}</figcaption></figure>"
-        for name, png in images.items()
-    )
     failures = failures_html(failed)
     completed = int((table["state"] == "completed").sum())
     baseline_html = (f" Baseline for comparisons: <b>{e(baseline[0])}</b> ({e(baseline[1])})." if baseline else "")
@@ -118,12 +148,14 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
 <h1>dtbench report: {e(suite)}</h1>
 <p class="meta">Generated {e(generated)}. {len(table)} runs, {completed} completed.{baseline_html}</p>
 {"".join(warnings)}<p>{e(INTERVAL_NOTE)}</p>
-<h2>Per label (mean over seeds)</h2>
-<p>Each cell is the mean [95% bootstrap interval]; n counts the runs with a value. {e(scope)}</p>
+{rankings}<h2>Per label (mean over seeds)</h2>
+<p>One row per workload and label, in the order of the rankings. Each cell is the mean [95% bootstrap interval]; n
+counts the runs with a value. {e(scope)}</p>
 {table_html(aggregate_display(aggregates))}
 {"".join(sections)}<h2>Plots</h2>
-<p>Bands and error bars are the same 95% bootstrap intervals of the mean over seeds. Colours say the family
-(reference, data-parallel, compressed, pipeline, local); line styles and shades tell its members apart.</p>
+<p>Bands and error bars are the same 95% bootstrap intervals of the mean over seeds. Each label has its own colour
+(hues grouped by family: reference, data-parallel, compressed, pipeline, local) and keeps it in every plot; plots
+with several workloads draw one panel per workload. Under each plot: the runs it leaves out, with their state.</p>
 <div class="plots">
 {figures}
 </div>

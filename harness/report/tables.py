@@ -166,25 +166,30 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
     return table
 
 def aggregate(table: pd.DataFrame, states: Sequence[str] | None = ("completed",)) -> pd.DataFrame:
-    """summary (runs x columns) -> DataFrame (labels x columns), labels in order of first appearance.
+    """summary (runs x columns) -> DataFrame ((workload, label) x columns), in order of first appearance: a label
+    that runs on several workloads gets one row per workload, so that no mean mixes workloads.
 
-    Columns: label, family, runs (all the label's runs), completed, used (runs whose state is in `states`, or all
-    runs when states is None: only these enter the statistics), noisy (used runs starved of CPU), then for each
+    Columns: workload, label, family, runs (all the label's runs), completed, used (runs whose state is in `states`,
+    or all runs when states is None: only these enter the statistics), noisy (used runs starved of CPU),
+    not_completed (the other runs' states counted: 'diverged 2'; '' when all completed), then for each
     AGGREGATED metric m: m_mean, m_ci_low and m_ci_high (the 95% percentile bootstrap interval of the mean over
     seeds, stats.bootstrap_ci95: the interval the plots draw) and m_n (used runs with a finite value; for
     time_to_target_s, those that reached the target).
     """
     rows = []
-    for label in pd.unique(table["label"]):
-        group = table[table["label"] == label]
+    for (workload, label), group in table.groupby(["workload", "label"], sort=False, dropna=False):
         used = group if states is None else group[group["state"].isin(states)]
+        missing = group.loc[group["state"] != "completed", "state"].astype(str)
         row: dict[str, Any] = {
+            "workload": workload,
             "label": label,
             "family": group["family"].iloc[0] if "family" in group.columns else None,
             "runs": len(group),
             "completed": int((group["state"] == "completed").sum()),
             "used": len(used),
             "noisy": len(hygiene.noisy_runs(used)),
+            "not_completed": ", ".join(f"{state} {count}" for state, count in
+                                       missing.value_counts(sort=False).items()),
         }
         for metric in AGGREGATED:
             values = numeric(used, metric)
@@ -193,7 +198,7 @@ def aggregate(table: pd.DataFrame, states: Sequence[str] | None = ("completed",)
             row[f"{metric}_ci_low"], row[f"{metric}_ci_high"] = stats.bootstrap_ci95(finite)
             row[f"{metric}_n"] = len(finite)
         rows.append(row)
-    columns = ["label", "family", "runs", "completed", "used", "noisy"]
+    columns = ["workload", "label", "family", "runs", "completed", "used", "noisy", "not_completed"]
     columns += [f"{m}_{s}" for m in AGGREGATED for s in ("mean", "ci_low", "ci_high", "n")]
     return pd.DataFrame(rows, columns=columns)
 

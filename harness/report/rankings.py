@@ -1,0 +1,221 @@
+"""Rankings per workload and network: labels ordered by time to target, speed-up over the baseline, one verdict."""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.report import stats
+from harness.report.comparisons import with_keys
+from harness.report.page import number_text, table_html
+
+#: rankings.csv's columns, in order (docs/results.md).
+RANKING_COLUMNS = (
+    "workload", "network", "rank", "label", "method_label", "runs", "completed", "reached", "time_to_target_s",
+    "speedup_vs_baseline", "speedup_ci_low", "speedup_ci_high", "speedup_pairs", "final_accuracy", "bytes_per_sample",
+    "states",
+)  # fmt: skip
+#: The per-run columns summary.csv gains (docs/results.md).
+SPEEDUP_COLUMNS = ("speedup_vs_baseline", "speedup_ci_low", "speedup_ci_high")
+
+
+def _mean(values: pd.Series) -> float:
+    """The mean of the finite values, NaN when there is none."""
+    finite = pd.to_numeric(values, errors="coerce").astype(float)
+    finite = finite[np.isfinite(finite)]
+    return float(finite.mean()) if len(finite) else math.nan
+
+
+def _states(group: pd.DataFrame) -> str:
+    """The states of the runs that did not complete, counted: 'diverged 2', 'failed 1, diverged 1'; '' when none."""
+    missing = group.loc[group["state"] != "completed", "state"].astype(str)
+    return ", ".join(f"{state} {count}" for state, count in missing.value_counts(sort=False).items())
+
+
+def speedup(label_runs: pd.DataFrame, baseline_runs: pd.DataFrame) -> tuple[float, float, float, int]:
+    """Completed runs of a label and of the baseline in one stratum -> (speed-up, low, high, pairs).
+
+    Runs are paired by seed; the speed-up is the baseline's mean time to target over the label's, over the pairs
+    (stats.paired_bootstrap, kind "ratio", with its paired 95% interval). NaN unless both reached the target on
+    every pair: a missed target has no finite time, and an infinite or zero speed-up is not shown.
+    """
+    mine = label_runs.set_index("seed")["time_to_target_s"].astype(float)
+    theirs = baseline_runs.set_index("seed")["time_to_target_s"].astype(float)
+    seeds = [seed for seed in mine.index if seed in theirs.index]
+    if not seeds:
+        return math.nan, math.nan, math.nan, 0
+    a = theirs.groupby(level=0).first().loc[seeds].to_numpy()
+    b = mine.groupby(level=0).first().loc[seeds].to_numpy()
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return math.nan, math.nan, math.nan, len(seeds)
+    return (*stats.paired_bootstrap(a, b, "ratio"), len(seeds))
+
+
+def _order(row: dict[str, Any]) -> tuple:
+    """Sort key: reached on every completed run by time, then some by share reached and time, then the rest by
+    final accuracy, then labels with no completed run."""
+    if row["completed"] == 0:
+        return (3, 0.0, 0.0)
+    if row["reached"] == row["completed"]:
+        return (0, row["time_to_target_s"], 0.0)
+    if row["reached"] > 0:
+        return (1, -row["reached"] / row["completed"], row["time_to_target_s"])
+    accuracy = row["final_accuracy"]
+    return (2, -accuracy if math.isfinite(accuracy) else math.inf, 0.0)
+
+
+def rankings(table: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """summary (every run) -> RANKING_COLUMNS, one row per (workload, network, label), ranked within each stratum.
+
+    Statistics use the completed runs: reached counts those that reached the target; time_to_target_s is the mean
+    over those; final_accuracy and bytes_per_sample the mean over completed runs. rank starts at 1 per stratum
+    (see _order); a label with no completed run keeps a row (rank NaN, `states` says what became of its runs).
+    `baseline` is a label without its network (choose_baseline).
+    """
+    data = with_keys(table)
+    rows = []
+    for (workload, network), stratum in data.groupby(["workload", "network"], sort=False):
+        done = stratum[stratum["state"] == "completed"]
+        base = done[done["method_label"] == baseline]
+        ranked = []
+        for label, group in stratum.groupby("label", sort=False):
+            mine = done[done["label"] == label]
+            times = mine["time_to_target_s"].astype(float)
+            if len(mine) and mine["method_label"].iloc[0] != baseline and len(base):
+                ratio, low, high, pairs = speedup(mine, base)
+            else:
+                ratio, low, high, pairs = math.nan, math.nan, math.nan, 0
+            ranked.append({
+                "workload": workload, "network": network, "label": label,
+                "method_label": group["method_label"].iloc[0], "runs": len(group), "completed": len(mine),
+                "reached": int(np.isfinite(times).sum()), "time_to_target_s": _mean(times),
+                "speedup_vs_baseline": ratio, "speedup_ci_low": low, "speedup_ci_high": high, "speedup_pairs": pairs,
+                "final_accuracy": _mean(mine["final_accuracy"]), "bytes_per_sample": _mean(mine["bytes_per_sample"]),
+                "states": _states(group),
+            })  # fmt: skip
+        ranked.sort(key=_order)
+        for position, row in enumerate(ranked, start=1):
+            row["rank"] = position if row["completed"] else math.nan
+        rows += ranked
+    return pd.DataFrame(rows, columns=list(RANKING_COLUMNS))
+
+
+def run_speedups(table: pd.DataFrame, ranked: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """summary -> SPEEDUP_COLUMNS per run (same index): the baseline's time to target on the run's seed, workload and
+    network over the run's own (NaN when either missed it, either did not complete, or the run is the baseline's),
+    and the interval of its label's speed-up (rankings)."""
+    data = with_keys(table)
+    done = data[data["state"] == "completed"]
+    base = done[done["method_label"] == baseline].groupby(["workload", "network", "seed"])["time_to_target_s"].first()
+    bounds = ranked.set_index(["workload", "network", "label"])[["speedup_ci_low", "speedup_ci_high"]]
+    out = pd.DataFrame(math.nan, index=table.index, columns=list(SPEEDUP_COLUMNS))
+    for index, row in data.iterrows():
+        if row["state"] != "completed" or row["method_label"] == baseline:
+            continue
+        theirs = base.get((row["workload"], row["network"], row["seed"]), math.nan)
+        mine = float(row["time_to_target_s"])
+        if math.isfinite(theirs) and math.isfinite(mine) and mine > 0:
+            out.loc[index, "speedup_vs_baseline"] = theirs / mine
+        key = (row["workload"], row["network"], row["label"])
+        if key in bounds.index:
+            out.loc[index, ["speedup_ci_low", "speedup_ci_high"]] = bounds.loc[key].to_numpy(dtype=float)
+    return out
+
+
+def by_rank(aggregates: pd.DataFrame, ranked: pd.DataFrame) -> pd.DataFrame:
+    """tables.aggregate rows reordered as the rankings: workloads (and networks) in their order, labels by rank."""
+    order = {(row.workload, row.label): position for position, row in enumerate(ranked.itertuples())}
+    keys = [order.get((workload, label), len(order)) for workload, label in
+            zip(aggregates["workload"], aggregates["label"], strict=True)]
+    return aggregates.iloc[np.argsort(keys, kind="stable")].reset_index(drop=True)
+
+
+def _where(workload: str, network: str) -> str:
+    """'digits-mlp' or 'digits-mlp @ 100mbit'."""
+    return f"{workload} @ {network}" if network else str(workload)
+
+
+def _interval(row: pd.Series) -> str:
+    """' [low, high]' of a speed-up, '' when it has none."""
+    if math.isnan(row["speedup_ci_low"]) or math.isnan(row["speedup_ci_high"]):
+        return ""
+    return f" [{row['speedup_ci_low']:.2f}, {row['speedup_ci_high']:.2f}]"
+
+
+def verdict(stratum: pd.DataFrame, baseline: str, target: float | None) -> str:
+    """One stratum's rankings -> the sentence that names its winner (plain text)."""
+    where = _where(stratum["workload"].iloc[0], stratum["network"].iloc[0])
+    done = stratum[stratum["completed"] > 0]
+    if done.empty:
+        return f"On {where}, no run completed."
+    if target is None:
+        best = done.sort_values("final_accuracy", ascending=False).iloc[0]
+        return f"On {where}, {best['label']} ended most accurate: {number_text(best['final_accuracy'])}."
+    reached = done[done["reached"] > 0]
+    if reached.empty:
+        best = done.sort_values("final_accuracy", ascending=False).iloc[0]
+        return (f"On {where}, no label reached the target {target:g}; {best['label']} ended most accurate "
+                f"({number_text(best['final_accuracy'])}).")
+    top = done.iloc[0]
+    if top["reached"] < top["completed"]:
+        return (f"On {where}, no label reached the target {target:g} on every completed run; {top['label']} came "
+                f"closest ({top['reached']} of {top['completed']}, in {number_text(top['time_to_target_s'])} s).")
+    text = (f"On {where}, {top['label']} reached the target {target:g} fastest, in "
+            f"{number_text(top['time_to_target_s'])} s (mean of {top['reached']} runs)")
+    base = stratum[stratum["method_label"] == baseline]
+    if top["method_label"] == baseline:
+        return text + ": it is the baseline."
+    if math.isfinite(top["speedup_vs_baseline"]):
+        return text + f": {top['speedup_vs_baseline']:.2f}x{_interval(top)} the speed of the baseline {baseline}."
+    if base.empty or base["completed"].iloc[0] == 0:
+        return text + f"; the baseline {baseline} has no completed run here, so no speed-up is given."
+    if base["reached"].iloc[0] < base["completed"].iloc[0]:
+        return text + f"; the baseline {baseline} missed the target on some runs, so no speed-up is given."
+    return text + f"; it shares no seed with the baseline {baseline}, so no speed-up is given."
+
+
+def _speedup_text(row: pd.Series, baseline: str) -> str:
+    """A ranking row's speed-up cell."""
+    if row["method_label"] == baseline:
+        return "baseline"
+    if math.isfinite(row["speedup_vs_baseline"]):
+        return f"{row['speedup_vs_baseline']:.2f}x{_interval(row)}"
+    return "–"
+
+
+def _time_text(row: pd.Series) -> str:
+    """A ranking row's time-to-target cell: the mean over the runs that reached it, and how many did."""
+    if row["completed"] == 0:
+        return f"– (0 of {row['runs']} completed: {row['states']})"
+    if row["reached"] == 0:
+        return f"not reached (0 of {row['completed']})"
+    time = number_text(row["time_to_target_s"])
+    return time if row["reached"] == row["completed"] else f"{time} ({row['reached']} of {row['completed']})"
+
+
+def rankings_html(ranked: pd.DataFrame, baseline: str, target: float | None) -> str:
+    """The 'Rankings' section: per workload and network, the verdict sentence and the ranked labels."""
+    e = html.escape
+    parts = ['<section id="rankings">\n<h2>Rankings</h2>\n',
+             f"<p>Per workload and network, the labels ordered by time to target (the mean over the completed runs "
+             f"that reached it; labels that reached it on every run first), then by final accuracy. Speed-up: the "
+             f"baseline <b>{e(baseline)}</b>'s mean time to target over the label's, paired by seed, with its paired "
+             f"bootstrap interval; given only when both reached the target on every shared seed.</p>\n"]
+    for _, stratum in ranked.groupby(["workload", "network"], sort=False):
+        shown = pd.DataFrame({
+            "rank": [number_text(r, "g") for r in stratum["rank"]],
+            "label": stratum["label"],
+            "time to target (s)": [_time_text(row) for _, row in stratum.iterrows()],
+            f"speed-up vs {baseline}": [_speedup_text(row, baseline) for _, row in stratum.iterrows()],
+            "final accuracy": [number_text(v) for v in stratum["final_accuracy"]],
+            "bytes / sample": [number_text(v) for v in stratum["bytes_per_sample"]],
+        })  # fmt: skip
+        where = _where(stratum["workload"].iloc[0], stratum["network"].iloc[0])
+        parts += [f"<h3>{e(where)}</h3>\n", f'<p class="verdict">{e(verdict(stratum, baseline, target))}</p>\n',
+                  table_html(shown)]
+    parts.append("</section>\n")
+    return "".join(parts)
