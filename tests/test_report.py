@@ -100,7 +100,8 @@ def test_summary_columns_and_values(suite: Path) -> None:
     table = tables.summary(load(suite)).set_index("run_id", drop=False)
     assert list(table.columns) == [*tables.SUMMARY_COLUMNS, "label", "family", "steps", "epochs", "network",
                                    "samples_per_s", "bubble", "peak_activation_bytes", "peak_weight_bytes",
-                                   "last_epoch_bytes_per_sample", "cpu_share", "other_load", "noisy"]
+                                   "last_epoch_bytes_per_sample", "cpu_share", "other_load", "noisy",
+                                   "peak_rss_bytes"]
     assert list(table.columns[:13]) == [
         "suite", "run_id", "method", "workload", "world_size", "seed", "state", "final_accuracy",
         "best_accuracy", "time_to_target_s", "train_time_s", "total_bytes", "bytes_per_sample"]
@@ -153,7 +154,7 @@ def test_label_falls_back_to_method(tmp_path: Path) -> None:
 def test_curves_share_one_grid_per_label(suite: Path) -> None:
     runs = [run for run in load(suite) if run.state == "completed"]
     table = tables.curves(runs, x="train_time_s", grid_points=50)
-    assert list(table.columns) == ["label", "seed", "run_id", "x", "test_accuracy"]
+    assert list(table.columns) == ["label", "seed", "run_id", "x", "test_accuracy", "workload"]
     assert len(table) == 4 * 50
     for label, final in ((DDP, 3.6), (QSGD, 2.0)):  # the smallest final eval time among the label's seeds
         seeds = [group["x"].to_numpy() for _, group in table[table["label"] == label].groupby("seed")]
@@ -276,9 +277,11 @@ def test_report_on_empty_folder_raises(tmp_path: Path) -> None:
 
 def test_plots_have_titles_and_axis_labels(suite: Path) -> None:
     runs = [run for run in load(suite) if run.state == "completed"]
-    ax = figures.plot_accuracy(tables.curves(runs), "train time (s)", TARGET).axes[0]
+    fig = figures.plot_accuracy(tables.curves(runs), "train time (s)", TARGET)
+    ax = fig.axes[0]
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("train time (s)", "test accuracy")
-    assert ax.get_title() and len(ax.get_lines()) >= 2
+    assert "on digits-mlp" in fig.get_suptitle() and len(ax.get_lines()) >= 2
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [DDP, QSGD, "target 0.9"]  # outside the axes
     assert figures.plot_accuracy(pd.DataFrame(columns=list(tables.CURVE_COLUMNS)), "epoch").axes[0].texts
 
 

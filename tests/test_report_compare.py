@@ -87,6 +87,19 @@ def test_family_colours_and_dashes() -> None:
     assert all(r > b for r, _, b in orange)  # the compressed family is orange: red over blue
     assert look["gpipe"].color[1] > look["gpipe"].color[0]  # pipelines are green
     assert look["gpipe"].dashes != look["1f1b"].dashes
+    assert look["sgd"].color[0] == look["sgd"].color[1] == look["sgd"].color[2]  # the reference is grey
+
+
+def test_sixteen_labels_get_sixteen_colours_clearly_apart() -> None:
+    import itertools
+
+    families = (["reference"] + ["data-parallel"] + ["data-parallel-compressed"] * 6 + ["pipeline"] * 7
+                + ["local"])
+    frame = pd.DataFrame({"label": [f"m{i}" for i in range(16)], "family": families})
+    colours = [np.array(style.color) for style in styles.label_styles(frame).values()]
+    assert len(colours) == 16
+    closest = min(np.linalg.norm(a - b) for a, b in itertools.combinations(colours, 2))
+    assert closest >= 0.15, closest  # RGB in [0, 1]: the old shades of one green were 0.03 apart
 
 
 def cpu_record(rank: int, cpu: float, wait: float | None, busy: float | None, host: str = "h",
@@ -125,6 +138,13 @@ def test_usage_records_measure_this_process() -> None:
         assert record["wait_s"] >= 0 and record["machine_busy_s"] >= 0
     share = hygiene.cpu_share(pd.Series(record))
     assert 0 < share <= 1.0 + 1e-6
+    if record["peak_rss_bytes"] is not None:  # a POSIX system
+        before = record["peak_rss_bytes"]
+        block = bytearray(before + 64 * 2**20)  # more than the peak so far
+        block[::4096] = b"\x01" * len(range(0, len(block), 4096))  # a write to every page makes it resident
+        after = usage_record(start, UsageSample.now(), threads=1)["peak_rss_bytes"]
+        assert 10 * 2**20 < before and after >= len(block)
+        del block
 
 
 def test_a_report_over_two_workloads_has_a_performance_profile(tmp_path) -> None:

@@ -145,3 +145,31 @@ def test_the_written_report_ranks_and_writes_speedups(tmp_path: Path) -> None:
     ranked = pd.read_csv(index.parent / "rankings.csv")
     assert list(ranked.columns) == list(rankings.RANKING_COLUMNS) and ranked["label"].tolist() == [QSGD, DDP]
     assert re.search(r"<th>workload</th>\s*<th>label</th>", text)
+
+
+def test_plots_facet_by_workload_and_name_what_they_leave_out(tmp_path: Path) -> None:
+    import json
+
+    from harness.report import figures, plots
+    from harness.results import load_suite
+
+    suite = tmp_path / "two"
+    for seed in (0, 1):
+        write_run(suite, "ddp", DDP, seed, "completed", [(1.0, 0.5), (2.0, 0.93), (3.0, 0.95)])
+        other = write_run(suite, "qsgd", QSGD, seed, "completed" if seed else "diverged", [(10.0, 0.7), (40.0, 0.8)])
+        spec = json.loads((other / "spec.json").read_text())
+        (other / "spec.json").write_text(json.dumps({**spec, "workload": "digits-cnn"}))
+    runs = load_suite(suite)
+    table = tables.summary(runs)
+    used = table[table["state"] == "completed"]
+    fig = figures.plot_accuracy(tables.curves([r for r in runs if r.state == "completed"]), "train time (s)")
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in shown] == ["digits-mlp", "digits-cnn"]
+    assert [ax.get_legend_handles_labels()[1] for ax in shown] == [[DDP], [QSGD]]  # each only on its workload
+    bars = figures.plot_time_to_target(used, 0.9)
+    assert [ax.get_title(loc="left").split("\n")[0] for ax in bars.axes] == ["digits-mlp", "digits-cnn"]
+    assert plots.left_out(table, used) == f"Not shown: {QSGD} (seed 0: diverged 1)."
+    assert plots.left_out(table, used, "time_to_target_s", "never reached the target") == (
+        f"Not shown: {QSGD} (seed 0: diverged 1); {QSGD} (seed 1: never reached the target).")
+    page_text = build.write_report(suite).read_text(encoding="utf-8")
+    assert f"time_to_target.png</b>. Not shown: {QSGD} (seed 0: diverged 1)" in page_text

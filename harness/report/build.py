@@ -109,7 +109,9 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
         covered, left_out, _ = comparisons.covering(table)
         if covered["label"].nunique() > 1:
             scores, profile = comparisons.algoperf(covered)
-    plots = plots_module.suite_plots(runs, used, table, used_table, robust, baseline_label, profile, few_seeds)
+    plots = plots_module.suite_plots(runs, used, rankings.runs_by_rank(table, ranked),
+                                     rankings.runs_by_rank(used_table, ranked), robust, baseline_label, profile,
+                                     few_seeds)
     sections = [comparisons.comparisons_html(robust, scores, baseline_label, few_seeds, left_out)]
     for make in extra_sections:
         extra = make(suite_dir, runs, table, out_dir)

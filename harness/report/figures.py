@@ -1,5 +1,5 @@
 """Figures of the report: the figure factory, accuracy curves, time to target, bytes per sample, probability of
-improvement and performance profiles. Colours follow the method family (report/styles.py)."""
+improvement and performance profiles, one panel per workload. Colours follow the label (report/styles.py)."""
 
 from __future__ import annotations
 
@@ -53,74 +53,153 @@ def bar_height(count: int) -> float:
     """Figure height (inches) for `count` horizontal bars, so that their labels never overlap."""
     return max(3.0, 1.6 + 0.38 * count)
 
-def plot_accuracy(curve_table: pd.DataFrame, x_label: str, target: float | None = None,
-                  styles: dict[str, Style] | None = None) -> Figure:
-    """curves (rows x CURVE_COLUMNS) -> a line per label: mean test accuracy over seeds with 95% CI bands.
+def panel_keys(frame: pd.DataFrame) -> list[str | None]:
+    """The workloads of a table in order of first appearance, one panel each; [None] without a workload column."""
+    if "workload" not in frame.columns or frame.empty:
+        return [None]
+    return [str(w) for w in pd.unique(frame["workload"].astype(str))]
 
-    The bands are stats.bootstrap_ci95 (the percentile bootstrap of the mean, as seaborn's errorbar=("ci", 95)).
-    Colour by family, dash pattern within it (`styles`, from label_styles of the summary).
+def in_panel(frame: pd.DataFrame, key: str | None) -> pd.DataFrame:
+    """The rows of one panel (all rows for the panel None)."""
+    return frame if key is None else frame[frame["workload"].astype(str) == key]
+
+def legend_outside(fig: Figure, axes: Sequence[Any]) -> None:
+    """One legend for every panel, right of them (outside the data): each label once, in order of appearance."""
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="outside center right", fontsize="small",
+                   frameon=False)
+
+def spans_a_decade(values: Sequence[float]) -> bool:
+    """Whether positive values span more than 10x (a log axis then shows all of them)."""
+    positive = [float(v) for v in values if np.isfinite(v) and v > 0]
+    return len(positive) > 1 and max(positive) / min(positive) > 10
+
+def log_axis(ax: Any, axis: str = "x") -> None:
+    """Make an axis logarithmic with plain tick labels (0.1, 1, 10) and no labels on the minor ticks."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    getattr(ax, f"set_{axis}scale")("log")
+    target = getattr(ax, f"{axis}axis")
+    target.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    target.set_minor_formatter(NullFormatter())
+
+def plot_accuracy(curve_table: pd.DataFrame, x_label: str, target: float | None = None,
+                  styles: dict[str, Style] | None = None, y: str = "test_accuracy", y_label: str = "test accuracy",
+                  what: str = "Test accuracy") -> Figure:
+    """curves (rows x CURVE_COLUMNS [+ workload]) -> one panel per workload, a line per label: the mean of `y`
+    over seeds with 95% CI bands (stats.bootstrap_ci95, as seaborn's errorbar=("ci", 95)).
+
+    Colours and dashes from `styles` (label_styles of the summary), one legend outside the panels. A panel's x
+    axis is logarithmic when its labels' curves end more than a decade apart (x = 0 is then off the axis).
     """
     import seaborn as sns
 
-    fig = new_figure()
-    ax = fig.subplots()
-    data = curve_table.dropna(subset=["test_accuracy"])
-    if data.empty:
-        note(ax, "no evaluation records to plot")
-    else:
-        data = data.astype({"x": float, "test_accuracy": float, "label": str})
-        labels = list(pd.unique(data["label"]))
-        chosen = styles_for(labels, styles)
-        sns.lineplot(data=data, x="x", y="test_accuracy", hue="label", style="label", hue_order=labels,
-                     style_order=labels, palette={k: chosen[k].color for k in labels},
-                     dashes={k: chosen[k].dashes or "" for k in labels}, errorbar=stats.bootstrap_ci95, ax=ax)
-        if target is not None:
-            ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
-        ax.legend(title=None, fontsize="small")
-    ax.set_xlabel(x_label)
-    ax.set_ylabel("test accuracy")
-    ax.set_title(f"Test accuracy vs {x_label.split(' (')[0]} (mean over seeds, 95% CI)")
+    data = curve_table.dropna(subset=[y])
+    keys = panel_keys(data)
+    columns = 1 if len(keys) <= 3 else 2  # panels stacked: each as wide as a lone plot
+    rows = -(-len(keys) // columns)
+    fig = new_figure(6.2 * columns + 3.0, 2.9 * rows + 0.9)
+    axes = np.atleast_1d(fig.subplots(rows, columns, squeeze=False).ravel())
+    for ax, key in zip(axes, keys, strict=False):
+        panel = in_panel(data, key)
+        if panel.empty:
+            note(ax, "no records to plot")
+        else:
+            panel = panel.astype({"x": float, y: float, "label": str})
+            labels = list(pd.unique(panel["label"]))
+            chosen = styles_for(labels, styles)
+            sns.lineplot(data=panel, x="x", y=y, hue="label", style="label", hue_order=labels, style_order=labels,
+                         palette={k: chosen[k].color for k in labels},
+                         dashes={k: chosen[k].dashes or "" for k in labels}, errorbar=stats.bootstrap_ci95, ax=ax)
+            if spans_a_decade(panel.groupby("label")["x"].max()):
+                log_axis(ax)
+                ax.set_xlim(left=float(panel.loc[panel["x"] > 0, "x"].min()))
+            if target is not None and y == "test_accuracy":
+                ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
+        ax.set_xlabel(x_label + (", log scale" if ax.get_xscale() == "log" else ""))
+        ax.set_ylabel(y_label)
+        if key is not None and len(keys) > 1:
+            ax.set_title(key, fontsize="medium")
+    for ax in axes[len(keys):]:
+        ax.set_visible(False)
+    legend_outside(fig, axes)
+    where = f" on {keys[0]}" if len(keys) == 1 and keys[0] is not None else ""
+    fig.suptitle(f"{what} vs {x_label.split(' (')[0]}{where} (mean over seeds, 95% CI)")
     return fig
 
-def _bars(table: pd.DataFrame, value: str, labels: list[str], styles: dict[str, Style] | None) -> tuple:
-    """A horizontal bar per label (mean of `value`, 95% bootstrap interval), on a figure tall enough for them."""
+def bar_panels(table: pd.DataFrame, value: str, styles: dict[str, Style] | None,
+               width: float = 9.0) -> tuple[Figure, list[tuple[Any, str | None, list[str], pd.DataFrame]]]:
+    """A panel per workload, stacked, each as tall as its labels need: a horizontal bar per label (mean of `value`
+    over its runs with a finite one, 95% bootstrap interval). -> (figure, [(axes, workload, labels, data)])."""
     import seaborn as sns
 
-    fig = new_figure(9.0, bar_height(len(labels)))
-    ax = fig.subplots()
-    chosen = styles_for(labels, styles)
-    data = table[np.isfinite(table[value].astype(float))].astype({value: float, "label": str})
-    if not data.empty:
-        sns.barplot(data=data, y="label", x=value, order=labels, hue="label", hue_order=labels, legend=False,
-                    palette={k: chosen[k].color for k in labels}, errorbar=stats.bootstrap_ci95, ax=ax)
-    return fig, ax, data
+    keys = panel_keys(table)
+    counts = [max(1, in_panel(table, key)["label"].nunique()) for key in keys]
+    fig = new_figure(width, sum(bar_height(n) - (0.6 if len(keys) > 1 else 0.0) for n in counts))
+    axes = np.atleast_1d(fig.subplots(len(keys), 1, squeeze=False, height_ratios=counts).ravel())
+    panels = []
+    for ax, key in zip(axes, keys, strict=True):
+        rows = in_panel(table, key)
+        labels = [str(label) for label in pd.unique(rows["label"])]
+        chosen = styles_for(labels, styles)
+        data = rows[np.isfinite(rows[value].astype(float))].astype({value: float, "label": str})
+        if not data.empty:
+            sns.barplot(data=data, y="label", x=value, order=labels, hue="label", hue_order=labels, legend=False,
+                        palette={k: chosen[k].color for k in labels}, errorbar=stats.bootstrap_ci95, ax=ax)
+            if spans_a_decade(data.groupby("label")[value].mean()):
+                log_axis(ax)
+        ax.set_ylabel("")
+        panels.append((ax, key, labels, data))
+    return fig, panels
+
+def bar_ends(data: pd.DataFrame, value: str) -> dict[str, float]:
+    """label -> where its bar's error bar ends (the upper bootstrap bound, or the mean without one): value labels
+    are placed beyond it, so they never sit on the bar's interval."""
+    ends = {}
+    for label, group in data.groupby("label", sort=False):
+        values = group[value].to_numpy(dtype=float)
+        high = stats.bootstrap_ci95(values)[1]
+        ends[str(label)] = float(values.mean()) if np.isnan(high) else max(float(values.mean()), high)
+    return ends
+
+def panel_title(ax: Any, key: str | None, several: bool, title: str, extra: str = "") -> None:
+    """A bar panel's title: the plot's title on a lone panel, the workload on each of several; `extra` under it."""
+    text = (key or "") if several else title
+    ax.set_title(text + (f"\n{extra}" if extra else ""), loc="left", fontsize="medium")
 
 def plot_time_to_target(table: pd.DataFrame, target: float | None = None,
                         styles: dict[str, Style] | None = None) -> Figure:
-    """summary (runs x columns) -> a horizontal bar per label: mean time to target over the runs that reached it,
-    95% bootstrap CI.
+    """summary (runs x columns) -> per workload, a horizontal bar per label: mean time to target over the runs that
+    reached it, 95% bootstrap CI (a log axis when the means span more than a decade).
 
     Tick labels (one per row, so they never overlap) say how many of each label's runs reached the target; labels
     that never did keep an empty row and are named in the title. With no run reaching it the figure says so.
     """
     target_text = f"target accuracy {target:g}" if target is not None else "target accuracy"
-    labels = [str(label) for label in pd.unique(table["label"])]
-    fig, ax, reached = _bars(table, "time_to_target_s", labels, styles)
-    if reached.empty:
-        note(ax, f"No run reached the {target_text}" if labels else "No runs")
-        ax.set_xticks([])
-        ax.set_yticks([])
-    else:
-        counts = [f"{label} ({(reached['label'] == label).sum()}/{(table['label'] == label).sum()} reached)"
-                  for label in labels]
-        ax.set_yticks(range(len(labels)), counts)
-    ax.set_ylabel("")
-    ax.set_xlabel("train time to target (s)")
-    never = [label for label in labels if label not in set(reached["label"].astype(str))]
     title = f"Train time to reach the {target_text} (mean, 95% CI)"
-    if never and not reached.empty:
-        title += "\nnever reached by: " + ", ".join(never)
-    ax.set_title(title, loc="left")
+    fig, panels = bar_panels(table, "time_to_target_s", styles)
+    for ax, key, labels, reached in panels:
+        rows = in_panel(table, key)
+        if reached.empty:
+            note(ax, f"No run reached the {target_text}" if labels else "No runs")
+            ax.set_xticks([])
+            ax.set_yticks([])
+        else:
+            counts = [f"{label} ({(reached['label'] == label).sum()}/{(rows['label'] == label).sum()} reached)"
+                      for label in labels]
+            ax.set_yticks(range(len(labels)), counts)
+        ax.set_xlabel("train time to target (s)" + (", log scale" if ax.get_xscale() == "log" else ""))
+        never = [label for label in labels if label not in set(reached["label"].astype(str))]
+        panel_title(ax, key, len(panels) > 1, title,
+                    "never reached by: " + ", ".join(never) if never and not reached.empty else "")
+    if len(panels) > 1:
+        fig.suptitle(title)
     return fig
 
 def _human_bytes(value: float) -> str:
@@ -132,31 +211,39 @@ def _human_bytes(value: float) -> str:
     raise AssertionError("unreachable")
 
 def plot_bytes_per_sample(table: pd.DataFrame, styles: dict[str, Style] | None = None) -> Figure:
-    """summary (runs x columns) -> a horizontal bar per label: bytes sent (all ranks) per training sample, mean,
-    95% bootstrap CI.
+    """summary (runs x columns) -> per workload, a horizontal bar per label: bytes sent (all ranks) per training
+    sample, mean, 95% bootstrap CI.
 
-    The value axis is logarithmic when the labels' positive means span more than 100x. Each bar carries its mean.
+    The value axis is logarithmic when the labels' positive means span more than 100x. Each bar carries its mean,
+    written beyond its error bar.
     """
-    labels = [str(label) for label in pd.unique(table["label"])]
-    fig, ax, data = _bars(table, "bytes_per_sample", labels, styles)
-    if data.empty:
-        note(ax, "No run recorded bytes and samples")
-        ax.set_xticks([])
-        ax.set_yticks([])
-    else:
-        means = data.groupby("label")["bytes_per_sample"].mean()
-        positive = means[means > 0]
-        if len(positive) and positive.max() / positive.min() > 100:
-            ax.set_xscale("log")
-        for position, label in enumerate(labels):
-            if label in means and means[label] > 0:
-                ax.annotate(_human_bytes(means[label]), (means[label], position), xytext=(3, 0),
-                            textcoords="offset points", ha="left", va="center", fontsize="small")
-            elif label in means:
-                ax.text(0.01, position, "0 B", va="center", transform=ax.get_yaxis_transform(), fontsize="small")
-    ax.set_ylabel("")
-    ax.set_xlabel("bytes sent per sample (all ranks)" + (", log scale" if ax.get_xscale() == "log" else ""))
-    ax.set_title("Communication per training sample (mean over seeds, 95% CI)", loc="left")
+    title = "Communication per training sample (mean over seeds, 95% CI)"
+    fig, panels = bar_panels(table, "bytes_per_sample", styles)
+    for ax, key, labels, data in panels:
+        if data.empty:
+            note(ax, "No run recorded bytes and samples")
+            ax.set_xticks([])
+            ax.set_yticks([])
+        else:
+            means = data.groupby("label")["bytes_per_sample"].mean()
+            positive = means[means > 0]
+            if len(positive) and positive.max() / positive.min() > 100:
+                log_axis(ax)
+            else:
+                ax.set_xscale("linear")
+            ends = bar_ends(data, "bytes_per_sample")
+            for position, label in enumerate(labels):
+                if label in means and means[label] > 0:
+                    ax.annotate(_human_bytes(means[label]), (ends[label], position), xytext=(4, 0),
+                                textcoords="offset points", ha="left", va="center", fontsize="small")
+                elif label in means:
+                    ax.text(0.01, position, "0 B", va="center", transform=ax.get_yaxis_transform(),
+                            fontsize="small")
+            ax.margins(x=0.12)
+        ax.set_xlabel("bytes sent per sample (all ranks)" + (", log scale" if ax.get_xscale() == "log" else ""))
+        panel_title(ax, key, len(panels) > 1, title)
+    if len(panels) > 1:
+        fig.suptitle(title)
     return fig
 
 def plot_improvement(poi: pd.DataFrame, baseline: str, styles: dict[str, Style] | None = None) -> Figure:
@@ -203,5 +290,5 @@ def plot_performance_profile(profile: pd.DataFrame, styles: dict[str, Style] | N
     ax.set_xlabel("tau: time to target within tau x the fastest on the problem")
     ax.set_ylabel("share of problems")
     ax.set_title("Performance profiles (AlgoPerf), over workloads and seeds")
-    ax.legend(fontsize="small")
+    legend_outside(fig, [ax])
     return fig

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from harness.report import stats
-from harness.report.figures import new_figure
+from harness.report.figures import legend_outside, new_figure
 from harness.report.tables import eval_records
 from harness.results import RunResult
 
@@ -42,9 +42,12 @@ def plot_head_accuracy(heads: pd.DataFrame) -> Figure:
     ax = fig.subplots()
     sns.barplot(data=heads.astype({"label": str}), x="chunk", y="head_accuracy", hue="label",
                 errorbar=stats.bootstrap_ci95, ax=ax)
-    ax.set_ylim(max(0.0, heads["head_accuracy"].min() - 0.1), 1.0)
+    ax.set_ylim(0.0, 1.0)  # from 0: bar lengths compare as the accuracies do
     ax.set_xlabel("chunk (input side first)")
-    ax.set_ylabel("final test accuracy of the chunk's head")
+    ax.set_ylabel("final test accuracy of the chunk's head (axis from 0)")
     ax.set_title("Per-chunk head accuracy (mean over seeds, 95% CI)")
-    ax.legend(title=None, fontsize="small")
+    for container in ax.containers:
+        if hasattr(container, "datavalues"):
+            ax.bar_label(container, fmt="%.3f", fontsize="small", label_type="center", color="white")
+    legend_outside(fig, [ax])
     return fig

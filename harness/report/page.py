@@ -16,9 +16,11 @@ h1 { margin-bottom: 0.2em; } .meta { color: #666; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
 th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
+#rankings td:nth-child(2), #rankings th:nth-child(2), #per-label td:nth-child(2), #per-label th:nth-child(2) {
+  text-align: left; }
 .plots { display: flex; flex-wrap: wrap; gap: 1em; } .plots figure { margin: 0; }
-.plots img { max-width: 100%; width: 760px; border: 1px solid #eee; }
-.plots figure { max-width: 100%; } figcaption { font-size: 0.85em; color: #444; max-width: 760px; }
+.plots img { max-width: 100%; height: auto; border: 1px solid #eee; display: block; }
+.plots figure { max-width: 100%; } figcaption { font-size: 0.85em; color: #444; max-width: 1000px; }
 .scroll { max-width: 100%; overflow-x: auto; } .verdict { font-weight: bold; }
 .failure { color: #a00; } .warning { background: #fff4d6; border-left: 4px solid #e0a000; padding: 0.4em 0.8em; }
 .PASS { color: #060; font-weight: bold; } .FAIL { color: #a00; font-weight: bold; } .INCONCLUSIVE { color: #666; }
@@ -148,10 +150,11 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
 <h1>dtbench report: {e(suite)}</h1>
 <p class="meta">Generated {e(generated)}. {len(table)} runs, {completed} completed.{baseline_html}</p>
 {"".join(warnings)}<p>{e(INTERVAL_NOTE)}</p>
-{rankings}<h2>Per label (mean over seeds)</h2>
+{rankings}<section id="per-label">
+<h2>Per label (mean over seeds)</h2>
 <p>One row per workload and label, in the order of the rankings. Each cell is the mean [95% bootstrap interval]; n
 counts the runs with a value. {e(scope)}</p>
-{table_html(aggregate_display(aggregates))}
+{table_html(aggregate_display(aggregates))}</section>
 {"".join(sections)}<h2>Plots</h2>
 <p>Bands and error bars are the same 95% bootstrap intervals of the mean over seeds. Each label has its own colour
 (hues grouped by family: reference, data-parallel, compressed, pipeline, local) and keeps it in every plot; plots

@@ -74,11 +74,21 @@ def _bar_label(event: TraceEvent, several_stages: bool) -> str:
     return text + (f"@{event.iteration}" if event.iteration else "")
 
 
+def _fitting_size(text: str, width_pt: float, largest: float = 8.0, smallest: float = 5.0) -> float:
+    """The font size (points) at which `text` fits a bar `width_pt` points wide (a character is about 0.6 of the
+    size wide, plus a little room), at most `largest`; 0 when even `smallest` does not fit: the label is left out."""
+    if not text:
+        return 0.0
+    size = min(largest, width_pt / (0.6 * len(text) + 0.8))
+    return size if size >= smallest else 0.0
+
+
 def plot_gantt(run: RunResult) -> Figure:
     """One pipeline run -> the timeline of its last fully traced step: a row per rank (per rank and lane where a
     rank runs several lanes at once, as qfb's forward and backward lanes), a bar per action (forward, backward,
     update, replica sync; receive waits in grey), labelled by microbatch (stage.microbatch where a rank holds several
-    stages), times in ms from the step's first compute action."""
+    stages) in a font sized to fit the bar (no label on a bar too narrow for one), times in ms from the step's first
+    compute action."""
     from matplotlib.patches import Patch
 
     step, ranks = list(traced_steps(run).items())[-1]
@@ -86,6 +96,9 @@ def plot_gantt(run: RunResult) -> Figure:
     rows = [(r, lane) for r, events in enumerate(ranks) for lane in sorted({e.lane for e in events} or {0})]
     fig = new_figure(width=9.0, height=1.6 + 0.6 * len(rows))
     ax = fig.subplots()
+    span_ms = max(e.end for events in ranks for e in events) * 1e3 - origin * 1e3
+    ax.set_xlim(0, span_ms)
+    points_per_ms = 72 * 0.8 * 9.0 / span_ms if span_ms > 0 else 0.0  # the axes hold about 80% of the width
     for row, (r, lane) in enumerate(rows):
         events = [e for e in ranks[r] if e.lane == lane]
         several = len({e.stage for e in ranks[r]}) > 1
@@ -95,9 +108,10 @@ def plot_gantt(run: RunResult) -> Figure:
                 continue
             ax.broken_barh([((start - origin) * 1e3, (e.end - start) * 1e3)], (row - 0.4, 0.8),
                            facecolors=COLORS[e.op], edgecolor="white", linewidth=0.3)
-            if e.op in ("forward", "backward") and e.mb >= 0:
-                ax.text((start + e.end - 2 * origin) / 2 * 1e3, row, _bar_label(e, several), ha="center",
-                        va="center", fontsize=6)
+            text = _bar_label(e, several) if e.op in ("forward", "backward") and e.mb >= 0 else ""
+            size = _fitting_size(text, (e.end - start) * 1e3 * points_per_ms)
+            if size:
+                ax.text((start + e.end - 2 * origin) / 2 * 1e3, row, text, ha="center", va="center", fontsize=size)
     laned = {r for r, lane in rows if lane}
     ax.set_yticks(range(len(rows)), [f"rank {r}" + (f" lane {lane}" if r in laned else "") for r, lane in rows])
     ax.invert_yaxis()

@@ -7,9 +7,10 @@ import html
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
-from harness.report import comparisons, figures, local, pipeline, styles, tables
+from harness.report import comparisons, figures, local, pipeline, resources, scaling, styles, tables
 from harness.results import RunResult
 
 if TYPE_CHECKING:
@@ -25,33 +26,84 @@ class Plot:
     caption: str = ""
 
 
+def _seeds(rows: pd.DataFrame) -> str:
+    """'seed 1' or 'seeds 0, 2'."""
+    seeds = [str(s) for s in rows["seed"]]
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(seeds)
+
+
+def left_out(table: pd.DataFrame, used_table: pd.DataFrame, value: str | None = None, why: str = "") -> str:
+    """The caption naming every run a plot leaves out, with why: the runs that did not complete (by label, their
+    states), and with `value`, the used runs without a finite one (`why`, e.g. 'never reached the target');
+    '' when none is left out."""
+    parts = []
+    if len(used_table) < len(table):
+        for label, group in table[table["state"] != "completed"].groupby("label", sort=False):
+            states = ", ".join(f"{s} {n}" for s, n in group["state"].value_counts(sort=False).items())
+            parts.append(f"{label} ({_seeds(group)}: {states})")
+    if value is not None and value in used_table.columns:
+        values = pd.to_numeric(used_table[value], errors="coerce").astype(float)
+        for label, group in used_table[~np.isfinite(values)].groupby("label", sort=False):
+            parts.append(f"{label} ({_seeds(group)}: {why or 'no ' + value})")
+    return "Not shown: " + "; ".join(parts) + "." if parts else ""
+
+
 def suite_plots(runs: list[RunResult], used: list[RunResult], table: pd.DataFrame, used_table: pd.DataFrame,
                 robust: pd.DataFrame, baseline: str, profile: pd.DataFrame | None,
                 few_seeds: bool = False) -> list[Plot]:
     """The figures of a suite's report, in page order. `runs`/`table`: every run; `used`/`used_table`: those the
     aggregates use (the completed runs, or all when none completed); `robust`: comparisons.robust_table;
     `profile`: comparisons.algoperf's performance profile, or None (no score); `few_seeds`: leave out the probability
-    of improvement, which says nothing with fewer than 3 runs a label (page.small_sample_html)."""
+    of improvement, which says nothing with fewer than 3 runs a label (page.small_sample_html). Legends and bars
+    follow the order of used_table (the rankings')."""
     target = tables.common_target(runs)
     look = styles.label_styles(table)
+    place = {run_id: position for position, run_id in enumerate(used_table["run_id"])}
+    used = sorted(used, key=lambda run: place.get(run.spec.get("run_id") or run.run_dir.name, len(place)))
+    missing = left_out(table, used_table)
+    accuracy_time = tables.curves(used, "train_time_s")
     plots = [
-        Plot("accuracy_vs_time.png", figures.plot_accuracy(tables.curves(used, "train_time_s"),
-                                                           tables.X_AXES["train_time_s"], target, look)),
+        Plot("accuracy_vs_time.png", figures.plot_accuracy(accuracy_time, tables.X_AXES["train_time_s"], target,
+                                                           look), missing),
         Plot("accuracy_vs_epoch.png", figures.plot_accuracy(tables.curves(used, "epoch"), tables.X_AXES["epoch"],
-                                                            target, look)),
-        Plot("time_to_target.png", figures.plot_time_to_target(used_table, target, look)),
-        Plot("bytes_per_sample.png", figures.plot_bytes_per_sample(used_table, look)),
+                                                            target, look), missing),
     ]
+    loss = tables.curves(used, "train_time_s", y="loss")
+    if not loss.empty:
+        plots.append(Plot("loss_vs_time.png", figures.plot_accuracy(
+            loss, tables.X_AXES["train_time_s"], None, look, y="loss", y_label="training loss (last stage)",
+            what="Training loss"), missing))
+    reached = "never reached the target" + (f" {target:g}" if target is not None else "")
+    plots += [
+        Plot("time_to_target.png", figures.plot_time_to_target(used_table, target, look),
+             left_out(table, used_table, "time_to_target_s", reached)),
+        Plot("bytes_per_sample.png", figures.plot_bytes_per_sample(used_table, look),
+             left_out(table, used_table, "bytes_per_sample", "no bytes or samples recorded")),
+        Plot("throughput.png", resources.plot_throughput(used_table, look),
+             left_out(table, used_table, "samples_per_s", "no samples or train time recorded")),
+    ]
+    memory = resources.rank_memory(used)
+    if not memory.empty:
+        without = used_table[~used_table["run_id"].isin({run.spec.get("run_id") for run in used
+                                                          if run.label in set(memory["label"])})]
+        caption = left_out(table, used_table)
+        if len(without):
+            caption = (caption + " " if caption else "") + f"No memory records: {', '.join(without['run_id'])}."
+        plots.append(Plot("peak_memory.png", resources.plot_peak_memory(memory), caption))
+    varied = scaling.scaling_rows(used_table)
+    if not varied.empty:
+        plots.append(Plot("scaling.png", scaling.plot_scaling(varied, look),
+                          " ".join(part for part in (scaling.scaling_caption(varied), missing) if part)))
     improvement = comparisons.improvement_long(robust)
     if not improvement.empty and not few_seeds:
-        plots.append(Plot("improvement.png", figures.plot_improvement(improvement, baseline, look)))
+        plots.append(Plot("improvement.png", figures.plot_improvement(improvement, baseline, look), missing))
     if profile is not None and used_table["workload"].nunique() > 1:
         plots.append(Plot("performance_profile.png", figures.plot_performance_profile(
             profile, styles.label_styles(used_table.assign(
                 label=comparisons.with_keys(used_table)["method_label"])))))
     heads = local.head_accuracies(used)
     if not heads.empty:
-        plots.append(Plot("head_accuracy.png", local.plot_head_accuracy(heads)))
+        plots.append(Plot("head_accuracy.png", local.plot_head_accuracy(heads), missing))
     plots += [Plot(name, fig) for name, fig in pipeline.gantt_figures(used).items()]
     return plots
 
@@ -61,6 +113,9 @@ def figures_html(images: dict[str, bytes], captions: dict[str, str]) -> str:
     e = html.escape
     return "\n".join(
         f'<figure><img alt="{e(name)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
-        f"<figcaption>{e(name)}" + (f": {e(captions[name])}" if captions.get(name) else "") + "</figcaption></figure>"
+        f"<figcaption><b>{e(name)}</b>" + (f". {e(captions[name])}" if captions.get(name) else "")
+        + "</figcaption></figure>"
         for name, png in images.items()
     )
+
+

@@ -134,6 +134,15 @@ def by_rank(aggregates: pd.DataFrame, ranked: pd.DataFrame) -> pd.DataFrame:
     return aggregates.iloc[np.argsort(keys, kind="stable")].reset_index(drop=True)
 
 
+def runs_by_rank(table: pd.DataFrame, ranked: pd.DataFrame) -> pd.DataFrame:
+    """summary rows reordered as the rankings (workloads in order, labels by rank, seeds in order), so that bars
+    and legends read from the fastest down."""
+    order = {(str(row.workload), row.label): position for position, row in enumerate(ranked.itertuples())}
+    keys = [order.get((str(workload), label), len(order)) for workload, label in
+            zip(table["workload"], table["label"], strict=True)]
+    return table.iloc[np.argsort(keys, kind="stable")]
+
+
 def _where(workload: str, network: str) -> str:
     """'digits-mlp' or 'digits-mlp @ 100mbit'."""
     return f"{workload} @ {network}" if network else str(workload)
@@ -171,7 +180,9 @@ def verdict(stratum: pd.DataFrame, baseline: str, target: float | None) -> str:
         return text + ": it is the baseline."
     if math.isfinite(top["speedup_vs_baseline"]):
         return text + f": {top['speedup_vs_baseline']:.2f}x{_interval(top)} the speed of the baseline {baseline}."
-    if base.empty or base["completed"].iloc[0] == 0:
+    if base.empty:
+        return text + f"; the baseline {baseline} did not run here, so no speed-up is given."
+    if base["completed"].iloc[0] == 0:
         return text + f"; the baseline {baseline} has no completed run here, so no speed-up is given."
     if base["reached"].iloc[0] < base["completed"].iloc[0]:
         return text + f"; the baseline {baseline} missed the target on some runs, so no speed-up is given."
@@ -212,7 +223,7 @@ def rankings_html(ranked: pd.DataFrame, baseline: str, target: float | None) -> 
             "time to target (s)": [_time_text(row) for _, row in stratum.iterrows()],
             f"speed-up vs {baseline}": [_speedup_text(row, baseline) for _, row in stratum.iterrows()],
             "final accuracy": [number_text(v) for v in stratum["final_accuracy"]],
-            "bytes / sample": [number_text(v) for v in stratum["bytes_per_sample"]],
+            "bytes / sample": [number_text(v, ",.0f") for v in stratum["bytes_per_sample"]],
         })  # fmt: skip
         where = _where(stratum["workload"].iloc[0], stratum["network"].iloc[0])
         parts += [f"<h3>{e(where)}</h3>\n", f'<p class="verdict">{e(verdict(stratum, baseline, target))}</p>\n',

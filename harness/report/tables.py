@@ -21,7 +21,7 @@ SUMMARY_COLUMNS = (
 EXTRA_COLUMNS = ("label", "family", "steps", "epochs", "network", "samples_per_s", "bubble", "peak_activation_bytes",
                  "peak_weight_bytes")
 #: Further columns (after EXTRA_COLUMNS): steady-state communication and measurement hygiene (report/hygiene.py).
-MORE_COLUMNS = ("last_epoch_bytes_per_sample", "cpu_share", "other_load", "noisy")
+MORE_COLUMNS = ("last_epoch_bytes_per_sample", "cpu_share", "other_load", "noisy", "peak_rss_bytes")
 CURVE_COLUMNS = ("label", "seed", "run_id", "x", "test_accuracy")
 #: Summary columns that the per-label aggregate averages over seeds, with their display names.
 AGGREGATED = {
@@ -97,6 +97,7 @@ def run_summary(run: RunResult) -> dict[str, Any]:
         "peak_weight_bytes": peak_bytes(train, "peak_weight_bytes"),
         "last_epoch_bytes_per_sample": last_epoch_bytes_per_sample(train),
         **hygiene.run_hygiene(metrics),
+        "peak_rss_bytes": float(numeric(metrics[metrics["kind"] == "cpu"], "peak_rss_bytes").max()),
     }
 
 def peak_bytes(train: pd.DataFrame, column: str) -> float:
@@ -156,6 +157,7 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
     - cpu_share, other_load, noisy: measurement hygiene from the ranks' `cpu` records (report/hygiene.py): the
       lowest share of its runnable time a rank ran, the largest share of a host used by other processes, and
       whether the run was starved by them (empty for runs without `cpu` records).
+    - peak_rss_bytes: the largest peak resident memory of any rank (`cpu` records; empty without the field).
     A run without metrics still gets a row (NaN metrics, 0 bytes).
     """
     table = pd.DataFrame([run_summary(run) for run in runs],
@@ -202,43 +204,56 @@ def aggregate(table: pd.DataFrame, states: Sequence[str] | None = ("completed",)
     columns += [f"{m}_{s}" for m in AGGREGATED for s in ("mean", "ci_low", "ci_high", "n")]
     return pd.DataFrame(rows, columns=columns)
 
-def curves(runs: Sequence[RunResult], x: str = "train_time_s", grid_points: int = 100) -> pd.DataFrame:
-    """runs -> DataFrame (runs·grid_points x CURVE_COLUMNS): each run's test accuracy on its label's grid.
+def run_series(run: RunResult, x: str, y: str) -> tuple[np.ndarray, np.ndarray]:
+    """One run's (x, y) points, sorted by x: test_accuracy from its rank-0 eval records, or the training `loss` of
+    its train records from the lowest rank that logged one (a pipeline's last stage computes the loss)."""
+    if y == "loss":
+        train = run.metrics[run.metrics["kind"] == "train"]
+        train = train[numeric(train, "loss").notna()]
+        records = lowest_rank(train)
+    else:
+        records = eval_records(run.metrics)
+    xs, ys = numeric(records, x).to_numpy(), numeric(records, y).to_numpy()
+    keep = np.isfinite(xs) & np.isfinite(ys)
+    order = np.argsort(xs[keep], kind="stable")
+    return xs[keep][order], ys[keep][order]
 
-    Each run's rank-0 eval records (test_accuracy against `x`: "train_time_s" or "epoch") are interpolated
-    with np.interp onto one grid per label: grid_points evenly spaced values from 0 to the *smallest* final x
-    among that label's runs, so that every seed covers the whole grid and seaborn aggregates the same seeds at
-    identical x (longer seeds are cut there). The runner evaluates before the first step, so every run starts
-    at x = 0; for runs that do not, the grid starts at the latest first evaluation among the label's runs
-    instead, and where they do not overlap at all a run is NaN before its first evaluation: nothing is
-    extrapolated. Runs without eval records are left out and do not shorten their label's grid.
+def curves(runs: Sequence[RunResult], x: str = "train_time_s", grid_points: int = 100,
+           y: str = "test_accuracy") -> pd.DataFrame:
+    """runs -> DataFrame (runs·grid_points x CURVE_COLUMNS + workload): each run's y on its label's grid.
+
+    y: "test_accuracy" (rank-0 eval records) or "loss" (train records, run_series); the column keeps y's name.
+    Each run's points are interpolated with np.interp onto one grid per (workload, label): grid_points evenly spaced
+    values from 0 to the *smallest* final x among that label's runs, so that every seed covers the whole grid and
+    seaborn aggregates the same seeds at identical x (longer seeds are cut there). The runner evaluates before the
+    first step, so every run starts at x = 0; for runs that do not, the grid starts at the latest first point
+    among the label's runs instead, and where they do not overlap at all a run is NaN before its first point:
+    nothing is extrapolated. Runs without points are left out and do not shorten their label's grid.
     """
     if x not in X_AXES:
         raise ValueError(f"curves: x must be one of {sorted(X_AXES)}, not {x!r}")
     if grid_points < 2:
         raise ValueError(f"curves: grid_points must be at least 2, not {grid_points}")
-    by_label: dict[str, list[tuple[RunResult, np.ndarray, np.ndarray]]] = {}
+    by_label: dict[tuple[str, str], list[tuple[RunResult, np.ndarray, np.ndarray]]] = {}
     for run in runs:
-        evals = eval_records(run.metrics)
-        xs, accuracy = numeric(evals, x).to_numpy(), numeric(evals, "test_accuracy").to_numpy()
-        keep = np.isfinite(xs) & np.isfinite(accuracy)
-        if keep.any():
-            order = np.argsort(xs[keep], kind="stable")
-            by_label.setdefault(run.label, []).append((run, xs[keep][order], accuracy[keep][order]))
+        xs, ys = run_series(run, x, y)
+        if len(xs):
+            by_label.setdefault((str(run.spec.get("workload")), run.label), []).append((run, xs, ys))
     frames = []
-    for label, members in by_label.items():
+    for (workload, label), members in by_label.items():
         start, end = max(xs[0] for _, xs, _ in members), min(xs[-1] for _, xs, _ in members)
         grid = np.linspace(start if 0 < start <= end else 0.0, end, grid_points)
-        for run, xs, accuracy in members:
+        for run, xs, ys in members:
             frames.append(pd.DataFrame({
                 "label": label,
                 "seed": run.spec.get("seed"),
                 "run_id": run.spec.get("run_id") or run.run_dir.name,
                 "x": grid,
-                "test_accuracy": np.interp(grid, xs, accuracy, left=np.nan),
+                y: np.interp(grid, xs, ys, left=np.nan),
+                "workload": workload,
             }))  # fmt: skip
     if not frames:
-        return pd.DataFrame(columns=list(CURVE_COLUMNS))
+        return pd.DataFrame(columns=[*CURVE_COLUMNS[:4], y, "workload"])
     return pd.concat(frames, ignore_index=True)
 
 def failures(runs: Sequence[RunResult]) -> pd.DataFrame:

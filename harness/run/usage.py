@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,18 @@ def machine_cpu_s() -> tuple[float, float] | None:
     return (user + nice + system + irq + softirq) / hz, steal / hz
 
 
+def peak_rss_bytes() -> int | None:
+    """The most resident memory this process has held so far (getrusage's ru_maxrss: kB on Linux, bytes on macOS),
+    in bytes; None where the resource module is missing (Windows). A rank forked from the warm server counts the
+    server's pages it maps too, as the kernel does."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
 def load_average() -> list[float] | None:
     """The machine's 1, 5 and 15 minute load averages (os.getloadavg), or None where there are none."""
     try:
@@ -70,7 +83,7 @@ def usage_record(start: UsageSample, end: UsageSample, threads: int) -> dict[str
     """The fields of a rank's `cpu` record over [start, end]: wall_s, cpu_s (this process, all threads), wait_s
     (run-queue wait of its threads; None without schedstat), threads (the rank's intra-op threads), host, cores,
     load_start and load_end (1, 5, 15 min), machine_busy_s and machine_steal_s (the whole machine; None without
-    /proc/stat).
+    /proc/stat), peak_rss_bytes (the rank's peak resident memory, peak_rss_bytes()).
 
     The report judges these (harness/report/hygiene.py): a rank is starved when it ran less than 0.8 of the time it
     was runnable, and a run is noisy when a rank was starved while other processes used the machine.
@@ -82,4 +95,5 @@ def usage_record(start: UsageSample, end: UsageSample, threads: int) -> dict[str
         steal = round(end.machine[1] - start.machine[1], 3)
     return {"wall_s": round(end.wall_s - start.wall_s, 6), "cpu_s": round(end.cpu_s - start.cpu_s, 6),
             "wait_s": wait, "threads": threads, "host": socket.gethostname(), "cores": os.cpu_count(),
-            "load_start": start.load, "load_end": end.load, "machine_busy_s": busy, "machine_steal_s": steal}
+            "load_start": start.load, "load_end": end.load, "machine_busy_s": busy, "machine_steal_s": steal,
+            "peak_rss_bytes": peak_rss_bytes()}

@@ -1,0 +1,91 @@
+"""Throughput and memory in the report: samples per second per label, and each rank's peak resident memory."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from harness.report import stats
+from harness.report.figures import bar_ends, bar_panels, in_panel, new_figure, note, panel_keys, panel_title
+from harness.report.styles import Style
+from harness.report.tables import numeric
+from harness.results import RunResult
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def plot_throughput(table: pd.DataFrame, styles: dict[str, Style] | None = None) -> Figure:
+    """summary (runs x columns) -> per workload, a horizontal bar per label: training samples per second of train
+    time (samples_per_s: every rank's samples together), mean over seeds with its 95% bootstrap interval, the value
+    written beyond the interval."""
+    title = "Training throughput (samples per second of train time, mean over seeds, 95% CI)"
+    fig, panels = bar_panels(table, "samples_per_s", styles)
+    for ax, key, labels, data in panels:
+        if data.empty:
+            note(ax, "No run recorded samples and train time")
+            ax.set_xticks([])
+            ax.set_yticks([])
+        else:
+            means = data.groupby("label")["samples_per_s"].mean()
+            ends = bar_ends(data, "samples_per_s")
+            for position, label in enumerate(labels):
+                if label in means:
+                    ax.annotate(f"{means[label]:,.0f}", (ends[label], position), xytext=(4, 0),
+                                textcoords="offset points", ha="left", va="center", fontsize="small")
+            ax.margins(x=0.12)
+        ax.set_xlabel("samples / s" + (", log scale" if ax.get_xscale() == "log" else ""))
+        panel_title(ax, key, len(panels) > 1, title)
+    if len(panels) > 1:
+        fig.suptitle(title)
+    return fig
+
+
+def rank_memory(runs: Sequence[RunResult]) -> pd.DataFrame:
+    """runs -> one row per (run, rank) with the rank's peak resident memory, from its `cpu` record's
+    peak_rss_bytes (runs written before the field have none). Columns: label, workload, seed, rank,
+    peak_rss_bytes."""
+    rows = []
+    for run in runs:
+        cpu = run.metrics[run.metrics["kind"] == "cpu"]
+        peaks, ranks = numeric(cpu, "peak_rss_bytes"), numeric(cpu, "rank")
+        for rank, peak in zip(ranks, peaks, strict=True):
+            if math.isfinite(rank) and math.isfinite(peak):
+                rows.append({"label": run.label, "workload": str(run.spec.get("workload")),
+                             "seed": run.spec.get("seed"), "rank": int(rank), "peak_rss_bytes": float(peak)})
+    return pd.DataFrame(rows, columns=["label", "workload", "seed", "rank", "peak_rss_bytes"])
+
+
+def plot_peak_memory(memory: pd.DataFrame) -> Figure:
+    """rank_memory rows -> per workload, a group of bars per label, one bar per rank: its peak resident memory
+    (MB, mean over seeds, 95% CI). A rank's RSS counts the Python interpreter, torch and the data, not only the
+    model: the differences between ranks and labels are what the plot is for."""
+    import seaborn as sns
+
+    keys = panel_keys(memory)
+    counts = [max(1, in_panel(memory, key)["label"].nunique()) for key in keys]
+    fig = new_figure(9.5, 1.4 + sum(0.28 * c * max(1, memory["rank"].nunique() if len(memory) else 1) + 0.6
+                                    for c in counts))
+    axes = np.atleast_1d(fig.subplots(len(keys), 1, squeeze=False, height_ratios=counts).ravel())
+    for ax, key in zip(axes, keys, strict=True):
+        rows = in_panel(memory, key)
+        if rows.empty:
+            note(ax, "No run recorded its ranks' peak memory")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            continue
+        data = rows.assign(peak_mb=rows["peak_rss_bytes"] / 1e6, rank=rows["rank"].map(lambda r: f"rank {r}"))
+        ranks = sorted(data["rank"].unique(), key=lambda text: int(text.split()[1]))
+        sns.barplot(data=data.astype({"label": str}), y="label", x="peak_mb", hue="rank", hue_order=ranks,
+                    palette="crest", errorbar=stats.bootstrap_ci95, ax=ax)
+        ax.set_xlabel("peak resident memory (MB)")
+        ax.set_ylabel("")
+        ax.legend(title=None, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        if len(keys) > 1:
+            ax.set_title(key, loc="left", fontsize="medium")
+    fig.suptitle("Peak resident memory of each rank (mean over seeds, 95% CI)")
+    return fig
