@@ -1,5 +1,5 @@
-"""nox sessions: smoke (the main job), tests, slurm, gpu, lint and bench. Virtualenvs are reused, so torch installs
-once."""
+"""nox sessions: smoke (the main job), tests, dev, slurm, gpu, lint and bench. smoke, tests, dev, slurm and gpu share
+one virtualenv, .venv, so torch installs once; lint and bench keep their own."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import hashlib
 import io
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -20,13 +21,19 @@ ROOT = Path(__file__).parent
 INSTALL_INPUTS = ("pyproject.toml", "constraints.txt")
 
 
-def install(session: nox.Session, extras: str) -> None:
-    """Install dtbench (editable) with `extras`, pinned by constraints.txt; skipped when nothing changed since."""
+def _digest(extras: str) -> str:
+    """What an install depends on: the extras and the files that pin the dependencies."""
     digest = hashlib.sha256(extras.encode())
     for name in INSTALL_INPUTS:
         digest.update((ROOT / name).read_bytes())
+    return digest.hexdigest()
+
+
+def install(session: nox.Session, extras: str) -> None:
+    """Install dtbench (editable) with `extras` into the session's own virtualenv (the bench session's), pinned by
+    constraints.txt; skipped when nothing changed since."""
     marker = Path(session.virtualenv.location) / ".dtbench-install"
-    if marker.exists() and marker.read_text() == digest.hexdigest():
+    if marker.exists() and marker.read_text() == _digest(extras):
         session.log("dependencies unchanged since the last install; skipping pip")
         return
     session.log(f"installing dtbench[{extras}] and its pinned dependencies (torch among them) into "
@@ -34,18 +41,57 @@ def install(session: nox.Session, extras: str) -> None:
     # pip's own progress lines show (nox hides a command's output by default), so a long install is not silent.
     session.install("-c", "constraints.txt", "-e", f".[{extras}]" if extras else ".", "--progress-bar", "off",
                     silent=False)
-    marker.write_text(digest.hexdigest())
+    marker.write_text(_digest(extras))
 
 
-@nox.session
+#: The project's one virtualenv: smoke, tests, slurm, gpu and dev all run in it, so torch installs once.
+VENV = ROOT / ".venv"
+VENV_BIN = VENV / ("Scripts" if sys.platform == "win32" else "bin")
+SHARED_EXTRAS = "test"
+
+
+def shared_venv(session: nox.Session) -> Path:
+    """.venv, made with the Python that runs nox when it is missing, with dtbench installed (editable) and its test
+    extras, pinned by constraints.txt; pip is skipped when nothing changed since. -> its bin folder."""
+    python = VENV_BIN / "python"
+    if not python.exists():
+        session.log(f"making the virtualenv {VENV}")
+        session.run(sys.executable, "-m", "venv", str(VENV), external=True)
+    marker = VENV / ".dtbench-install"
+    if marker.exists() and marker.read_text() == _digest(SHARED_EXTRAS):
+        session.log(f"dependencies of {VENV} unchanged since the last install; skipping pip")
+        return VENV_BIN
+    session.log(f"installing dtbench[{SHARED_EXTRAS}] and its pinned dependencies (torch among them) into {VENV}: "
+                "a few minutes the first time, skipped afterwards")
+    session.run(str(python), "-m", "pip", "install", "-c", "constraints.txt", "-e", f".[{SHARED_EXTRAS}]",
+                "--progress-bar", "off", external=True, silent=False)
+    marker.write_text(_digest(SHARED_EXTRAS))
+    return VENV_BIN
+
+
+def _where_dtbench(session: nox.Session, bin_dir: Path) -> None:
+    """Say where the dtbench command is, for the commands after the session."""
+    session.log(f"the dtbench command: {bin_dir / 'dtbench'} (or `source {bin_dir / 'activate'}`, then `dtbench`)")
+
+
+@nox.session(venv_backend="none")
+def dev(session: nox.Session) -> None:
+    """Make (or update) .venv with dtbench and its test tools, and say how to use its `dtbench` command."""
+    _where_dtbench(session, shared_venv(session))
+
+
+@nox.session(venv_backend="none")
 def smoke(session: nox.Session) -> None:
     """Every method on the embedded default workload (suites/smoke.toml), then the report."""
-    install(session, "")
+    bin_dir = shared_venv(session)
     session.env.update({"MPLBACKEND": "Agg"})
     out = session.posargs[0] if session.posargs else "results"
+    dtbench = str(bin_dir / "dtbench")
     # Exit 1 (some run failed or diverged) still gets its report, which lists the failures; the session fails after.
-    session.run("dtbench", "run", "suites/smoke.toml", "--out", out, success_codes=[0, 1])
-    session.run("dtbench", "report", f"{out}/smoke")
+    session.run(dtbench, "run", "suites/smoke.toml", "--out", out, success_codes=[0, 1], external=True)
+    session.run(dtbench, "report", f"{out}/smoke", external=True)
+    _where_dtbench(session, bin_dir)
+    session.log(f"the report: {Path(out, 'smoke', 'report', 'index.html').resolve()}")
     bad = _unfinished_runs(Path(out) / "smoke")
     if bad:
         session.error(f"{len(bad)} smoke runs did not complete (the report lists them): " + "; ".join(bad))
@@ -66,19 +112,20 @@ def _unfinished_runs(suite_dir: Path) -> list[str]:
     return bad
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """The test suite (pass pytest options after --, e.g. `nox -s tests -- -m "not slow"`)."""
-    install(session, "test")
+    bin_dir = shared_venv(session)
     session.env.update({"MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"})
     # pytest exits 5 when a selection matches no test: that is not a failure of the code.
-    session.run("pytest", *(session.posargs or ["-q", "-m", "not slurm"]), success_codes=[0, 5])
+    session.run(str(bin_dir / "pytest"), *(session.posargs or ["-q", "-m", "not slurm"]), success_codes=[0, 5],
+                external=True)
 
 
 SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "mariadb-server")
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def slurm(session: nox.Session) -> None:
     """The SLURM tests on a real local cluster: installs Debian's slurm, munge, slurmdbd and MariaDB packages (as
     root, with apt-get), then `pytest -m slurm`, whose test module starts munge, MariaDB, slurmdbd, slurmctld and
@@ -91,23 +138,24 @@ def slurm(session: nox.Session) -> None:
         session.run("apt-get", "update", "-qq", external=True)
         session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, external=True,
                     env={"DEBIAN_FRONTEND": "noninteractive"})
-    install(session, "test")
+    bin_dir = shared_venv(session)
     session.env.update({"MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"})
     # Its own pytest base folder: the jobs write into the tests' temp folders for minutes, and pytest prunes the
     # shared /tmp/pytest-of-<user> folders whenever other sessions start.
     basetemp = Path(session.create_tmp()) / "pytest"
-    session.run("pytest", *(session.posargs or ["-q", "-m", "slurm", f"--basetemp={basetemp}", "--durations=10",
-                                                 "tests/test_slurm_cluster.py"]))
+    session.run(str(bin_dir / "pytest"), *(session.posargs or ["-q", "-m", "slurm", f"--basetemp={basetemp}",
+                                                               "--durations=10", "tests/test_slurm_cluster.py"]),
+                external=True)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def gpu(session: nox.Session) -> None:
     """The GPU path (nccl, CUDA tensors): every smoke run that fits the GPUs (one rank per GPU) at 2 epochs, checked
     for completion, accuracy and data-parallel ranks' bitwise agreement (benchmarks/gpu_check.py; pass its options
     after --). Without CUDA it says so in one line and succeeds."""
-    install(session, "")
+    bin_dir = shared_venv(session)
     session.env.update({"MPLBACKEND": "Agg"})
-    session.run("python", "benchmarks/gpu_check.py", *session.posargs)
+    session.run(str(bin_dir / "python"), "benchmarks/gpu_check.py", *session.posargs, external=True)
 
 
 @nox.session

@@ -57,7 +57,8 @@ def browse(page: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProces
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,4000", "--virtual-time-budget=10000"]
-    return subprocess.run([chromium(), *flags, *args, page.as_uri()], capture_output=True, text=True, timeout=120)
+    return subprocess.run([chromium(), *flags, *args, page.resolve().as_uri()], capture_output=True, text=True,
+                          timeout=120)
 
 
 def measured(index: Path, tmp_path: Path) -> dict:

@@ -85,6 +85,9 @@ def test_verdicts_name_the_winner_or_say_why_there_is_none(table: pd.DataFrame) 
     html = rankings.rankings_html(ranked, "ddp", 0.95)
     assert html.startswith('<section id="rankings">') and "<h3>a</h3>" in html and "<h3>b</h3>" in html
     assert "– (0 of 2 completed: diverged 2)" in html and "1.5 (1 of 2)" in html and "not reached (0 of 2)" in html
+    untimed = rankings.rankings_html(rankings.rankings(table.assign(time_to_target_s=NAN), "ddp"), "ddp", None)
+    assert "no target accuracy" in untimed and "speed-up vs" not in untimed and "not reached" not in untimed
+    assert rankings.verdict(none[none["workload"] == "a"], "ddp", None) == "On a, ddp ended most accurate: 0.96."
 
 
 def test_by_rank_orders_the_per_label_table_within_each_workload(table: pd.DataFrame) -> None:

@@ -81,11 +81,15 @@ def spans_a_decade(values: Sequence[float]) -> bool:
     return len(positive) > 1 and max(positive) / min(positive) > 10
 
 def log_axis(ax: Any, axis: str = "x") -> None:
-    """Make an axis logarithmic with plain tick labels (0.1, 1, 10) and no labels on the minor ticks."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    """Make an axis logarithmic (call it after drawing the data) with plain tick labels (0.1, 1, 10; 1, 2, 5 steps
+    when the data span less than two decades) and no labels on the minor ticks."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     getattr(ax, f"set_{axis}scale")("log")
     target = getattr(ax, f"{axis}axis")
+    low, high = (abs(v) for v in target.get_view_interval())
+    if low > 0 and high / low < 100:  # within two decades: 1, 2, 5, 10, ..., so that some ticks show
+        target.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     target.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     target.set_minor_formatter(NullFormatter())
 
@@ -96,7 +100,8 @@ def plot_accuracy(curve_table: pd.DataFrame, x_label: str, target: float | None 
     over seeds with 95% CI bands (stats.bootstrap_ci95, as seaborn's errorbar=("ci", 95)).
 
     Colours and dashes from `styles` (label_styles of the summary), one legend outside the panels. A panel's x
-    axis is logarithmic when its labels' curves end more than a decade apart (x = 0 is then off the axis).
+    axis is logarithmic when its labels' curves end more than a decade apart (x = 0 is then off the axis), and
+    the y axis of a y other than accuracy (the loss) when its values span more than 100x.
     """
     import seaborn as sns
 
@@ -120,10 +125,13 @@ def plot_accuracy(curve_table: pd.DataFrame, x_label: str, target: float | None 
             if spans_a_decade(panel.groupby("label")["x"].max()):
                 log_axis(ax)
                 ax.set_xlim(left=float(panel.loc[panel["x"] > 0, "x"].min()))
+            values = panel[y][panel[y] > 0]
+            if y != "test_accuracy" and len(values) and values.max() / values.min() > 100:
+                log_axis(ax, "y")  # a loss that blew up would flatten every other curve
             if target is not None and y == "test_accuracy":
                 ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
         ax.set_xlabel(x_label + (", log scale" if ax.get_xscale() == "log" else ""))
-        ax.set_ylabel(y_label)
+        ax.set_ylabel(y_label + (", log scale" if ax.get_yscale() == "log" else ""))
         if key is not None and len(keys) > 1:
             ax.set_title(key, fontsize="medium")
     for ax in axes[len(keys):]:
@@ -133,10 +141,11 @@ def plot_accuracy(curve_table: pd.DataFrame, x_label: str, target: float | None 
     fig.suptitle(f"{what} vs {x_label.split(' (')[0]}{where} (mean over seeds, 95% CI)")
     return fig
 
-def bar_panels(table: pd.DataFrame, value: str, styles: dict[str, Style] | None,
-               width: float = 9.0) -> tuple[Figure, list[tuple[Any, str | None, list[str], pd.DataFrame]]]:
+def bar_panels(table: pd.DataFrame, value: str, styles: dict[str, Style] | None, width: float = 9.0,
+               log: bool = True) -> tuple[Figure, list[tuple[Any, str | None, list[str], pd.DataFrame]]]:
     """A panel per workload, stacked, each as tall as its labels need: a horizontal bar per label (mean of `value`
-    over its runs with a finite one, 95% bootstrap interval). -> (figure, [(axes, workload, labels, data)])."""
+    over its runs with a finite one, 95% bootstrap interval); with `log`, a log axis where the means span more than
+    a decade. -> (figure, [(axes, workload, labels, data)])."""
     import seaborn as sns
 
     keys = panel_keys(table)
@@ -152,7 +161,7 @@ def bar_panels(table: pd.DataFrame, value: str, styles: dict[str, Style] | None,
         if not data.empty:
             sns.barplot(data=data, y="label", x=value, order=labels, hue="label", hue_order=labels, legend=False,
                         palette={k: chosen[k].color for k in labels}, errorbar=stats.bootstrap_ci95, ax=ax)
-            if spans_a_decade(data.groupby("label")[value].mean()):
+            if log and spans_a_decade(data.groupby("label")[value].mean()):
                 log_axis(ax)
         ax.set_ylabel("")
         panels.append((ax, key, labels, data))

@@ -155,7 +155,7 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
 <p>One row per workload and label, in the order of the rankings. Each cell is the mean [95% bootstrap interval]; n
 counts the runs with a value. {e(scope)}</p>
 {table_html(aggregate_display(aggregates))}</section>
-{"".join(sections)}<h2>Plots</h2>
+{"".join(sections)}<h2 id="plots">Plots</h2>
 <p>Bands and error bars are the same 95% bootstrap intervals of the mean over seeds. Each label has its own colour
 (hues grouped by family: reference, data-parallel, compressed, pipeline, local) and keeps it in every plot; plots
 with several workloads draw one panel per workload. Under each plot: the runs it leaves out, with their state.</p>

@@ -86,7 +86,11 @@ def suite_plots(runs: list[RunResult], used: list[RunResult], table: pd.DataFram
     if not memory.empty:
         without = used_table[~used_table["run_id"].isin({run.spec.get("run_id") for run in used
                                                           if run.label in set(memory["label"])})]
-        caption = left_out(table, used_table)
+        floor = memory["peak_rss_bytes"].min() / 1e6
+        caption = (f"Peak RSS counts the interpreter, torch and the data as well as the model (the smallest rank here: "
+                   f"{floor:,.0f} MB), so small models differ little"
+                   + ("; a pipeline's stage bytes are in the Pipelines table. " if (used_table["family"] == "pipeline")
+                      .any() else ". ") + left_out(table, used_table)).strip()
         if len(without):
             caption = (caption + " " if caption else "") + f"No memory records: {', '.join(without['run_id'])}."
         plots.append(Plot("peak_memory.png", resources.plot_peak_memory(memory), caption))

@@ -215,7 +215,10 @@ def rankings_html(ranked: pd.DataFrame, baseline: str, target: float | None) -> 
              f"<p>Per workload and network, the labels ordered by time to target (the mean over the completed runs "
              f"that reached it; labels that reached it on every run first), then by final accuracy. Speed-up: the "
              f"baseline <b>{e(baseline)}</b>'s mean time to target over the label's, paired by seed, with its paired "
-             f"bootstrap interval; given only when both reached the target on every shared seed.</p>\n"]
+             f"bootstrap interval; given only when both reached the target on every shared seed.</p>\n"
+             if target is not None else
+             "<p>The suite sets no target accuracy (or its runs set different ones): per workload and network, the "
+             "labels ordered by final accuracy, with no time to target and no speed-up.</p>\n"]
     for _, stratum in ranked.groupby(["workload", "network"], sort=False):
         shown = pd.DataFrame({
             "rank": [number_text(r, "g") for r in stratum["rank"]],
@@ -225,6 +228,8 @@ def rankings_html(ranked: pd.DataFrame, baseline: str, target: float | None) -> 
             "final accuracy": [number_text(v) for v in stratum["final_accuracy"]],
             "bytes / sample": [number_text(v, ",.0f") for v in stratum["bytes_per_sample"]],
         })  # fmt: skip
+        if target is None:  # no target: nothing was timed, the order is by final accuracy
+            shown = shown.drop(columns=["time to target (s)", f"speed-up vs {baseline}"])
         where = _where(stratum["workload"].iloc[0], stratum["network"].iloc[0])
         parts += [f"<h3>{e(where)}</h3>\n", f'<p class="verdict">{e(verdict(stratum, baseline, target))}</p>\n',
                   table_html(shown)]

@@ -24,7 +24,7 @@ def plot_throughput(table: pd.DataFrame, styles: dict[str, Style] | None = None)
     time (samples_per_s: every rank's samples together), mean over seeds with its 95% bootstrap interval, the value
     written beyond the interval."""
     title = "Training throughput (samples per second of train time, mean over seeds, 95% CI)"
-    fig, panels = bar_panels(table, "samples_per_s", styles)
+    fig, panels = bar_panels(table, "samples_per_s", styles, log=False)  # bar lengths compare as throughputs do
     for ax, key, labels, data in panels:
         if data.empty:
             note(ax, "No run recorded samples and train time")
