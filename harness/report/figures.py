@@ -177,6 +177,19 @@ def bar_ends(data: pd.DataFrame, value: str) -> dict[str, float]:
         ends[str(label)] = float(values.mean()) if np.isnan(high) else max(float(values.mean()), high)
     return ends
 
+def label_bars(ax: Any, labels: Sequence[str], data: pd.DataFrame, value: str, text: Any) -> None:
+    """Write each bar's mean, text(mean), just beyond its error bar (bar_ends); a zero mean is written at the axis
+    ('0 B' for bytes), where no bar is."""
+    means = data.groupby("label")[value].mean()
+    ends = bar_ends(data, value)
+    for position, label in enumerate(labels):
+        if label in means and means[label] > 0:
+            ax.annotate(text(means[label]), (ends[label], position), xytext=(4, 0), textcoords="offset points",
+                        ha="left", va="center", fontsize="small")
+        elif label in means:
+            ax.text(0.01, position, text(0.0), va="center", transform=ax.get_yaxis_transform(), fontsize="small")
+    ax.margins(x=0.12)
+
 def panel_title(ax: Any, key: str | None, several: bool, title: str, extra: str = "") -> None:
     """A bar panel's title: the plot's title on a lone panel, the workload on each of several; `extra` under it."""
     text = (key or "") if several else title
@@ -227,7 +240,7 @@ def plot_bytes_per_sample(table: pd.DataFrame, styles: dict[str, Style] | None =
     written beyond its error bar.
     """
     title = "Communication per training sample (mean over seeds, 95% CI)"
-    fig, panels = bar_panels(table, "bytes_per_sample", styles)
+    fig, panels = bar_panels(table, "bytes_per_sample", styles, log=False)
     for ax, key, labels, data in panels:
         if data.empty:
             note(ax, "No run recorded bytes and samples")
@@ -238,17 +251,7 @@ def plot_bytes_per_sample(table: pd.DataFrame, styles: dict[str, Style] | None =
             positive = means[means > 0]
             if len(positive) and positive.max() / positive.min() > 100:
                 log_axis(ax)
-            else:
-                ax.set_xscale("linear")
-            ends = bar_ends(data, "bytes_per_sample")
-            for position, label in enumerate(labels):
-                if label in means and means[label] > 0:
-                    ax.annotate(_human_bytes(means[label]), (ends[label], position), xytext=(4, 0),
-                                textcoords="offset points", ha="left", va="center", fontsize="small")
-                elif label in means:
-                    ax.text(0.01, position, "0 B", va="center", transform=ax.get_yaxis_transform(),
-                            fontsize="small")
-            ax.margins(x=0.12)
+            label_bars(ax, labels, data, "bytes_per_sample", _human_bytes)
         ax.set_xlabel("bytes sent per sample (all ranks)" + (", log scale" if ax.get_xscale() == "log" else ""))
         panel_title(ax, key, len(panels) > 1, title)
     if len(panels) > 1:

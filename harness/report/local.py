@@ -9,6 +9,7 @@ import pandas as pd
 
 from harness.report import stats
 from harness.report.figures import legend_outside, new_figure
+from harness.report.styles import Style
 from harness.report.tables import eval_records
 from harness.results import RunResult
 
@@ -33,15 +34,17 @@ def head_accuracies(runs: Sequence[RunResult]) -> pd.DataFrame:
                       "head_accuracy": float(a)} for c, a in enumerate(heads[-1])]
     return pd.DataFrame(rows, columns=["label", "seed", "run_id", "chunk", "head_accuracy"])
 
-def plot_head_accuracy(heads: pd.DataFrame) -> Figure:
+def plot_head_accuracy(heads: pd.DataFrame, styles: dict[str, Style] | None = None) -> Figure:
     """head_accuracies (rows) -> bars of each chunk's final head accuracy per label (mean over seeds, 95% CI):
     how the representation improves with depth under local losses."""
     import seaborn as sns
 
     fig = new_figure()
     ax = fig.subplots()
-    sns.barplot(data=heads.astype({"label": str}), x="chunk", y="head_accuracy", hue="label",
-                errorbar=stats.bootstrap_ci95, ax=ax)
+    labels = [str(label) for label in pd.unique(heads["label"])]
+    palette = {k: styles[k].color for k in labels} if styles and all(k in styles for k in labels) else None
+    sns.barplot(data=heads.astype({"label": str}), x="chunk", y="head_accuracy", hue="label", hue_order=labels,
+                palette=palette, errorbar=stats.bootstrap_ci95, ax=ax)
     ax.set_ylim(0.0, 1.0)  # from 0: bar lengths compare as the accuracies do
     ax.set_xlabel("chunk (input side first)")
     ax.set_ylabel("final test accuracy of the chunk's head (axis from 0)")

@@ -107,7 +107,7 @@ def suite_plots(runs: list[RunResult], used: list[RunResult], table: pd.DataFram
                 label=comparisons.with_keys(used_table)["method_label"])))))
     heads = local.head_accuracies(used)
     if not heads.empty:
-        plots.append(Plot("head_accuracy.png", local.plot_head_accuracy(heads), missing))
+        plots.append(Plot("head_accuracy.png", local.plot_head_accuracy(heads, look), missing))
     plots += [Plot(name, fig) for name, fig in pipeline.gantt_figures(used).items()]
     return plots
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from harness.report import stats
-from harness.report.figures import bar_ends, bar_panels, in_panel, new_figure, note, panel_keys, panel_title
+from harness.report.figures import bar_panels, in_panel, label_bars, new_figure, note, panel_keys, panel_title
 from harness.report.styles import Style
 from harness.report.tables import numeric
 from harness.results import RunResult
@@ -31,13 +31,7 @@ def plot_throughput(table: pd.DataFrame, styles: dict[str, Style] | None = None)
             ax.set_xticks([])
             ax.set_yticks([])
         else:
-            means = data.groupby("label")["samples_per_s"].mean()
-            ends = bar_ends(data, "samples_per_s")
-            for position, label in enumerate(labels):
-                if label in means:
-                    ax.annotate(f"{means[label]:,.0f}", (ends[label], position), xytext=(4, 0),
-                                textcoords="offset points", ha="left", va="center", fontsize="small")
-            ax.margins(x=0.12)
+            label_bars(ax, labels, data, "samples_per_s", lambda mean: f"{mean:,.0f}")
         ax.set_xlabel("samples / s" + (", log scale" if ax.get_xscale() == "log" else ""))
         panel_title(ax, key, len(panels) > 1, title)
     if len(panels) > 1:
