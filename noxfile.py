@@ -51,12 +51,13 @@ SHARED_EXTRAS = "test"
 
 
 def shared_venv(session: nox.Session) -> Path:
-    """.venv, made with the Python that runs nox when it is missing, with dtbench installed (editable) and its test
-    extras, pinned by constraints.txt; pip is skipped when nothing changed since. -> its bin folder."""
+    """.venv, made with virtualenv (a dependency of nox, so no python3-venv package is needed) for the Python that
+    runs nox when it is missing, with dtbench installed (editable) and its test extras, pinned by constraints.txt;
+    pip is skipped when nothing changed since. -> its bin folder. Run one of these sessions at a time."""
     python = VENV_BIN / "python"
     if not python.exists():
         session.log(f"making the virtualenv {VENV}")
-        session.run(sys.executable, "-m", "venv", str(VENV), external=True)
+        session.run(sys.executable, "-m", "virtualenv", "--quiet", str(VENV), external=True)
     marker = VENV / ".dtbench-install"
     if marker.exists() and marker.read_text() == _digest(SHARED_EXTRAS):
         session.log(f"dependencies of {VENV} unchanged since the last install; skipping pip")

@@ -8,6 +8,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from test_report import DDP, QSGD, write_run
@@ -40,11 +41,11 @@ def table() -> pd.DataFrame:
 
 
 def test_rankings_order_speedup_and_states(table: pd.DataFrame) -> None:
-    ranked = rankings.rankings(table, "ddp")
+    ranked = rankings.rankings(table, "ddp", 0.95)
     a = ranked[ranked["workload"] == "a"].set_index("label")
     # Reached on every run by time, then reached on some, then by final accuracy, then no completed run.
     assert list(a.index) == ["fast", "ddp", "half", "never", "worse", "broken"]
-    assert list(a["rank"].iloc[:5]) == [1, 2, 3, 4, 5] and math.isnan(a.loc["broken", "rank"])
+    assert list(a["rank"].iloc[:5]) == [1, 2, 3, 4, 5] and pd.isna(a.loc["broken", "rank"])
     # 2.0 s on both seeds over 1.0 s on both: 2x, an interval of one point.
     assert a.loc["fast", ["speedup_vs_baseline", "speedup_ci_low", "speedup_ci_high", "speedup_pairs"]].tolist() == (
         pytest.approx([2.0, 2.0, 2.0, 2]))
@@ -60,40 +61,58 @@ def test_speedup_is_paired_by_seed_with_a_bootstrap_interval() -> None:
     table = runs([("ddp", "ddp", "a", 0, "completed", 2.0, 0.9), ("ddp", "ddp", "a", 1, "completed", 4.0, 0.9),
                   ("x", "dgc", "a", 0, "completed", 1.0, 0.9), ("x", "dgc", "a", 1, "completed", 1.0, 0.9),
                   ("x", "dgc", "a", 7, "completed", 9.0, 0.9)])  # seed 7 has no baseline run: not paired
-    row = rankings.rankings(table, "ddp").set_index("label").loc["x"]
+    row = rankings.rankings(table, "ddp", 0.95).set_index("label").loc["x"]
     assert row["speedup_vs_baseline"] == pytest.approx(3.0)  # mean 3.0 s over mean 1.0 s on seeds 0 and 1
     assert row["speedup_pairs"] == 2
     assert 2.0 <= row["speedup_ci_low"] < 3.0 < row["speedup_ci_high"] <= 4.0
-    per_run = rankings.run_speedups(table, rankings.rankings(table, "ddp"), "ddp")
+    per_run = rankings.run_speedups(table, rankings.rankings(table, "ddp", 0.95), "ddp")
     assert per_run["speedup_vs_baseline"].tolist()[2:4] == pytest.approx([2.0, 4.0])  # each seed's own ratio
     assert per_run.iloc[:2].isna().all().all() and math.isnan(per_run.iloc[4]["speedup_vs_baseline"])
     assert per_run.iloc[2]["speedup_ci_low"] == pytest.approx(row["speedup_ci_low"])
 
 
+def test_no_infinite_speedup_from_a_target_met_at_once() -> None:
+    # The runner evaluates before the first step: a low target can be met at 0 s.
+    table = runs([("ddp", "ddp", "a", 0, "completed", 2.0, 0.9), ("ddp", "ddp", "a", 1, "completed", 2.0, 0.9),
+                  ("x", "dgc", "a", 0, "completed", 0.0, 0.9), ("x", "dgc", "a", 1, "completed", 1.0, 0.9),
+                  ("x", "dgc", "a", 1, "completed", 5.0, 0.9)])  # a second run of seed 1 (other options): one pair
+    row = rankings.rankings(table, "ddp", 0.5).set_index("label").loc["x"]
+    assert row["speedup_pairs"] == 2
+    assert all(math.isnan(row[c]) for c in rankings.SPEEDUP_COLUMNS)
+    assert not np.isinf(rankings.run_speedups(table, rankings.rankings(table, "ddp", 0.5), "ddp").to_numpy()).any()
+
+
 def test_verdicts_name_the_winner_or_say_why_there_is_none(table: pd.DataFrame) -> None:
-    ranked = rankings.rankings(table, "ddp")
+    ranked = rankings.rankings(table, "ddp", 0.95)
     a, b = (ranked[ranked["workload"] == w] for w in ("a", "b"))
-    assert rankings.verdict(a, "ddp", 0.95) == (
+    assert rankings.verdict(a, "ddp") == (
         "On a, fast reached the target 0.95 fastest, in 1 s (mean of 2 runs): 2.00x [2.00, 2.00] the speed of the "
         "baseline ddp.")
-    assert rankings.verdict(b, "ddp", 0.95) == (
+    assert rankings.verdict(b, "ddp") == (
         "On b, fast reached the target 0.95 fastest, in 3 s (mean of 2 runs); the baseline ddp has no completed run "
         "here, so no speed-up is given.")
-    none = rankings.rankings(table.assign(time_to_target_s=NAN), "ddp")
-    assert rankings.verdict(none[none["workload"] == "a"], "ddp", 0.95) == (
+    none = rankings.rankings(table.assign(time_to_target_s=NAN), "ddp", 0.95)
+    assert rankings.verdict(none[none["workload"] == "a"], "ddp") == (
         "On a, no label reached the target 0.95; ddp ended most accurate (0.96).")
-    html = rankings.rankings_html(ranked, "ddp", 0.95)
+    html = rankings.rankings_html(ranked, "ddp")
     assert html.startswith('<section id="rankings">') and "<h3>a</h3>" in html and "<h3>b</h3>" in html
     assert "– (0 of 2 completed: diverged 2)" in html and "1.5 (1 of 2)" in html and "not reached (0 of 2)" in html
-    untimed = rankings.rankings_html(rankings.rankings(table.assign(time_to_target_s=NAN), "ddp"), "ddp", None)
-    assert "no target accuracy" in untimed and "speed-up vs" not in untimed and "not reached" not in untimed
-    assert rankings.verdict(none[none["workload"] == "a"], "ddp", None) == "On a, ddp ended most accurate: 0.96."
+    # Workload b sets no target (or its runs set different ones): it ranks by final accuracy, untimed.
+    mixed = rankings.rankings(table, "ddp", {"a": 0.95, "b": None})
+    untimed = mixed[mixed["workload"] == "b"]
+    assert untimed["label"].tolist() == ["fast", "ddp"] and untimed["target_accuracy"].isna().all()
+    assert rankings.verdict(untimed, "ddp") == "On b, fast ended most accurate: 0.97."
+    text = rankings.rankings_html(mixed, "ddp")
+    b_part = text[text.index("<h3>b</h3>"):]
+    assert "speed-up vs" not in b_part and "time to target" not in b_part and "speed-up vs" in text
+    by_accuracy = rankings.rankings(table, "ddp", None)
+    assert by_accuracy[by_accuracy["workload"] == "a"]["label"].tolist()[:3] == ["ddp", "fast", "half"]
 
 
 def test_by_rank_orders_the_per_label_table_within_each_workload(table: pd.DataFrame) -> None:
     aggregates = tables.aggregate(table)
     assert len(aggregates) == 8  # fast and ddp ran both workloads: one row each per workload
-    ordered = rankings.by_rank(aggregates, rankings.rankings(table, "ddp"))
+    ordered = rankings.by_rank(aggregates, rankings.rankings(table, "ddp", 0.95))
     assert list(zip(ordered["workload"], ordered["label"], strict=True)) == [
         ("a", "fast"), ("a", "ddp"), ("a", "half"), ("a", "never"), ("a", "worse"), ("a", "broken"), ("b", "fast"),
         ("b", "ddp")]

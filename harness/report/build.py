@@ -60,19 +60,24 @@ def dropped_lines_text(runs: list[RunResult]) -> str:
 
 def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, baseline: str | None = None,
                  extra_sections: Sequence[SectionMaker] = ()) -> Path:
-    """Write summary.csv, the PNG plots and index.html for a suite folder; return the path of index.html.
+    """Write summary.csv, rankings.csv, comparisons.csv, the PNG plots and index.html for a suite folder; return
+    the path of index.html.
 
     Corrupt lines of the runs' metrics.jsonl are skipped (each with a warning): the page and one more warning say
     how many, in which runs (dropped_lines_text).
 
-    Plots: accuracy against train time and epochs, time to target, bytes per sample, probability of improvement over
-    the baseline, (when the runs span several workloads) AlgoPerf performance profiles, (when some run has
-    auxiliary heads) per-chunk head accuracy, a Gantt chart of a traced step per pipeline label, and (when the runs
-    span more than one network) throughput, time to target and speed-up over the baseline against the link rate,
-    with a 'By network' section on the page. `baseline` is the label comparisons are made against (choose_baseline);
-    the page names the one it used. A 'Robust comparisons' section gives IQM, probability of improvement, the MLPerf
-    result and AlgoPerf scores; each of `extra_sections` may add a section after it (`dtbench report` passes the
-    Claims section: harness/claims/section.py); runs starved of CPU are named in a warning at the top.
+    The page opens with the rankings per workload and network (report/rankings.py: speed-ups over `baseline`, the
+    label comparisons are made against, choose_baseline; the page names the one it used), then the per-label table
+    (a row per workload and label, in rank order). Plots (report/plots.py: one panel per workload, a caption naming
+    the runs each leaves out): accuracy against train time and epochs, training loss, time to target, bytes per
+    sample, throughput, each rank's peak memory, (when a method runs at several world sizes) scaling, (with 3 seeds
+    or more a label) probability of improvement, (when the runs span several workloads) AlgoPerf performance
+    profiles, (with auxiliary heads) per-chunk head accuracy, a Gantt chart of a traced step per pipeline label, and
+    (when the runs span more than one network) throughput, time to target and speed-up against the link rate, with
+    a 'By network' section. A 'Robust comparisons' section gives IQM, probability of improvement, the MLPerf result
+    and AlgoPerf scores over the labels that ran every problem; each of `extra_sections` may add a section after it
+    (`dtbench report` passes the Claims section: harness/claims/section.py). Warnings at the top name runs starved
+    of CPU and say when labels have fewer than 3 seeds.
 
     out_dir defaults to suite_dir/report. Aggregates, curves and bar plots use the completed runs (every run
     when none completed); the summary table lists every run. Raises ValueError when the folder holds no run or the
@@ -90,7 +95,9 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     out_dir = Path(out_dir) if out_dir is not None else suite_dir / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    ranked = rankings.rankings(table, baseline_label)
+    targets = {str(workload): tables.common_target([run for run in runs if str(run.spec.get("workload")) == workload])
+               for workload in {str(w) for w in table["workload"]}}
+    ranked = rankings.rankings(table, baseline_label, targets)
     ranked.to_csv(out_dir / "rankings.csv", index=False)
     table = pd.concat([table, rankings.run_speedups(table, ranked, baseline_label)], axis=1)
     table.to_csv(out_dir / "summary.csv", index=False)
@@ -107,7 +114,7 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     scores, profile, left_out = None, None, None
     if has_target:
         covered, left_out, _ = comparisons.covering(table)
-        if covered["label"].nunique() > 1:
+        if comparisons.with_keys(covered)["method_label"].nunique() > 1:
             scores, profile = comparisons.algoperf(covered)
     plots = plots_module.suite_plots(runs, used, rankings.runs_by_rank(table, ranked),
                                      rankings.runs_by_rank(used_table, ranked), robust, baseline_label, profile,
@@ -139,7 +146,7 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
                             [hygiene.noisy_html(table), page.small_sample_html(aggregates),
                              f'<p class="warning"><b>Corrupt records.</b> {html_escape(dropped)}.</p>\n' if dropped
                              else ""],
-                            rankings=rankings.rankings_html(ranked, baseline_label, tables.common_target(runs)))
+                            rankings=rankings.rankings_html(ranked, baseline_label))
     index = out_dir / "index.html"
     index.write_text(html, encoding="utf-8")
     return index

@@ -29,7 +29,7 @@ th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
 #: What every interval on the page is (harness/report/stats.py).
 INTERVAL_NOTE = ("Every interval on this page is a 95% percentile bootstrap over seeds (2,000 resamples, seed 0): of "
                  "the mean in the tables and plots, stratified by workload for IQM and probability of improvement, "
-                 "paired by seed for claims.")
+                 "paired by seed for speed-ups and claims.")
 
 
 def number_text(value: float, digits: str = ".4g") -> str:

@@ -57,7 +57,7 @@ def suite_plots(runs: list[RunResult], used: list[RunResult], table: pd.DataFram
     of improvement, which says nothing with fewer than 3 runs a label (page.small_sample_html). Legends and bars
     follow the order of used_table (the rankings')."""
     target = tables.common_target(runs)
-    look = styles.label_styles(table)
+    look = styles.label_styles(table.sort_index())  # in load order: a label keeps its colour whatever its rank
     place = {run_id: position for position, run_id in enumerate(used_table["run_id"])}
     used = sorted(used, key=lambda run: place.get(run.spec.get("run_id") or run.run_dir.name, len(place)))
     missing = left_out(table, used_table)
@@ -84,8 +84,7 @@ def suite_plots(runs: list[RunResult], used: list[RunResult], table: pd.DataFram
     ]
     memory = resources.rank_memory(used)
     if not memory.empty:
-        without = used_table[~used_table["run_id"].isin({run.spec.get("run_id") for run in used
-                                                          if run.label in set(memory["label"])})]
+        without = used_table[~used_table["run_id"].isin(set(memory["run_id"]))]
         floor = memory["peak_rss_bytes"].min() / 1e6
         caption = (f"Peak RSS counts the interpreter, torch and the data as well as the model (the smallest rank here: "
                    f"{floor:,.0f} MB), so small models differ little"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -15,9 +16,9 @@ from harness.report.page import number_text, table_html
 
 #: rankings.csv's columns, in order (docs/results.md).
 RANKING_COLUMNS = (
-    "workload", "network", "rank", "label", "method_label", "runs", "completed", "reached", "time_to_target_s",
-    "speedup_vs_baseline", "speedup_ci_low", "speedup_ci_high", "speedup_pairs", "final_accuracy", "bytes_per_sample",
-    "states",
+    "workload", "network", "target_accuracy", "rank", "label", "method_label", "runs", "completed", "reached",
+    "time_to_target_s", "speedup_vs_baseline", "speedup_ci_low", "speedup_ci_high", "speedup_pairs",
+    "final_accuracy", "bytes_per_sample", "states",
 )  # fmt: skip
 #: The per-run columns summary.csv gains (docs/results.md).
 SPEEDUP_COLUMNS = ("speedup_vs_baseline", "speedup_ci_low", "speedup_ci_high")
@@ -39,27 +40,32 @@ def _states(group: pd.DataFrame) -> str:
 def speedup(label_runs: pd.DataFrame, baseline_runs: pd.DataFrame) -> tuple[float, float, float, int]:
     """Completed runs of a label and of the baseline in one stratum -> (speed-up, low, high, pairs).
 
-    Runs are paired by seed; the speed-up is the baseline's mean time to target over the label's, over the pairs
-    (stats.paired_bootstrap, kind "ratio", with its paired 95% interval). NaN unless both reached the target on
-    every pair: a missed target has no finite time, and an infinite or zero speed-up is not shown.
+    Runs are paired by seed (the first run of each seed on either side); the speed-up is the baseline's mean time
+    to target over the label's, over the pairs (stats.paired_bootstrap, kind "ratio", with its paired 95%
+    interval). NaN unless both reached the target on every pair in a positive time: a missed target has no finite
+    time, and an infinite or zero speed-up is not shown.
     """
-    mine = label_runs.set_index("seed")["time_to_target_s"].astype(float)
-    theirs = baseline_runs.set_index("seed")["time_to_target_s"].astype(float)
+    mine = label_runs.groupby("seed")["time_to_target_s"].first().astype(float)
+    theirs = baseline_runs.groupby("seed")["time_to_target_s"].first().astype(float)
     seeds = [seed for seed in mine.index if seed in theirs.index]
     if not seeds:
         return math.nan, math.nan, math.nan, 0
-    a = theirs.groupby(level=0).first().loc[seeds].to_numpy()
-    b = mine.groupby(level=0).first().loc[seeds].to_numpy()
-    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+    a, b = theirs.loc[seeds].to_numpy(), mine.loc[seeds].to_numpy()
+    # A target met at the first evaluation takes 0 s: no finite ratio then.
+    if not (np.isfinite(a).all() and np.isfinite(b).all() and (a > 0).all() and (b > 0).all()):
         return math.nan, math.nan, math.nan, len(seeds)
-    return (*stats.paired_bootstrap(a, b, "ratio"), len(seeds))
+    ratio, low, high = stats.paired_bootstrap(a, b, "ratio")
+    return ratio, low, high, len(seeds)
 
 
 def _order(row: dict[str, Any]) -> tuple:
     """Sort key: reached on every completed run by time, then some by share reached and time, then the rest by
-    final accuracy, then labels with no completed run."""
+    final accuracy, then labels with no completed run. Without a target, by final accuracy alone."""
     if row["completed"] == 0:
         return (3, 0.0, 0.0)
+    if row["target_accuracy"] is None or math.isnan(row["target_accuracy"]):
+        accuracy = row["final_accuracy"]
+        return (2, -accuracy if math.isfinite(accuracy) else math.inf, 0.0)
     if row["reached"] == row["completed"]:
         return (0, row["time_to_target_s"], 0.0)
     if row["reached"] > 0:
@@ -68,13 +74,14 @@ def _order(row: dict[str, Any]) -> tuple:
     return (2, -accuracy if math.isfinite(accuracy) else math.inf, 0.0)
 
 
-def rankings(table: pd.DataFrame, baseline: str) -> pd.DataFrame:
+def rankings(table: pd.DataFrame, baseline: str, targets: Mapping[str, float | None] | float | None) -> pd.DataFrame:
     """summary (every run) -> RANKING_COLUMNS, one row per (workload, network, label), ranked within each stratum.
 
     Statistics use the completed runs: reached counts those that reached the target; time_to_target_s is the mean
     over those; final_accuracy and bytes_per_sample the mean over completed runs. rank starts at 1 per stratum
     (see _order); a label with no completed run keeps a row (rank NaN, `states` says what became of its runs).
-    `baseline` is a label without its network (choose_baseline).
+    `baseline` is a label without its network (choose_baseline). `targets`: each workload's target accuracy (None
+    where its runs set none or differ: that stratum ranks by final accuracy), or one target for all, or None.
     """
     data = with_keys(table)
     rows = []
@@ -89,8 +96,10 @@ def rankings(table: pd.DataFrame, baseline: str) -> pd.DataFrame:
                 ratio, low, high, pairs = speedup(mine, base)
             else:
                 ratio, low, high, pairs = math.nan, math.nan, math.nan, 0
+            target = targets.get(str(workload)) if isinstance(targets, Mapping) else targets
             ranked.append({
-                "workload": workload, "network": network, "label": label,
+                "workload": workload, "network": network,
+                "target_accuracy": math.nan if target is None else float(target), "label": label,
                 "method_label": group["method_label"].iloc[0], "runs": len(group), "completed": len(mine),
                 "reached": int(np.isfinite(times).sum()), "time_to_target_s": _mean(times),
                 "speedup_vs_baseline": ratio, "speedup_ci_low": low, "speedup_ci_high": high, "speedup_pairs": pairs,
@@ -99,9 +108,11 @@ def rankings(table: pd.DataFrame, baseline: str) -> pd.DataFrame:
             })  # fmt: skip
         ranked.sort(key=_order)
         for position, row in enumerate(ranked, start=1):
-            row["rank"] = position if row["completed"] else math.nan
+            row["rank"] = position if row["completed"] else None
         rows += ranked
-    return pd.DataFrame(rows, columns=list(RANKING_COLUMNS))
+    out = pd.DataFrame(rows, columns=list(RANKING_COLUMNS))
+    out["rank"] = out["rank"].astype("Int64")
+    return out
 
 
 def run_speedups(table: pd.DataFrame, ranked: pd.DataFrame, baseline: str) -> pd.DataFrame:
@@ -135,8 +146,8 @@ def by_rank(aggregates: pd.DataFrame, ranked: pd.DataFrame) -> pd.DataFrame:
 
 
 def runs_by_rank(table: pd.DataFrame, ranked: pd.DataFrame) -> pd.DataFrame:
-    """summary rows reordered as the rankings (workloads in order, labels by rank, seeds in order), so that bars
-    and legends read from the fastest down."""
+    """summary rows reordered as the rankings (workloads in order, labels by rank; a label's runs keep their
+    order), so that bars and legends read from the fastest down."""
     order = {(str(row.workload), row.label): position for position, row in enumerate(ranked.itertuples())}
     keys = [order.get((str(workload), label), len(order)) for workload, label in
             zip(table["workload"], table["label"], strict=True)]
@@ -155,8 +166,15 @@ def _interval(row: pd.Series) -> str:
     return f" [{row['speedup_ci_low']:.2f}, {row['speedup_ci_high']:.2f}]"
 
 
-def verdict(stratum: pd.DataFrame, baseline: str, target: float | None) -> str:
+def stratum_target(stratum: pd.DataFrame) -> float | None:
+    """A stratum's target accuracy, None when it has none."""
+    target = float(stratum["target_accuracy"].iloc[0])
+    return None if math.isnan(target) else target
+
+
+def verdict(stratum: pd.DataFrame, baseline: str) -> str:
     """One stratum's rankings -> the sentence that names its winner (plain text)."""
+    target = stratum_target(stratum)
     where = _where(stratum["workload"].iloc[0], stratum["network"].iloc[0])
     done = stratum[stratum["completed"] > 0]
     if done.empty:
@@ -208,20 +226,20 @@ def _time_text(row: pd.Series) -> str:
     return time if row["reached"] == row["completed"] else f"{time} ({row['reached']} of {row['completed']})"
 
 
-def rankings_html(ranked: pd.DataFrame, baseline: str, target: float | None) -> str:
+def rankings_html(ranked: pd.DataFrame, baseline: str) -> str:
     """The 'Rankings' section: per workload and network, the verdict sentence and the ranked labels."""
     e = html.escape
     parts = ['<section id="rankings">\n<h2>Rankings</h2>\n',
              f"<p>Per workload and network, the labels ordered by time to target (the mean over the completed runs "
-             f"that reached it; labels that reached it on every run first), then by final accuracy. Speed-up: the "
-             f"baseline <b>{e(baseline)}</b>'s mean time to target over the label's, paired by seed, with its paired "
-             f"bootstrap interval; given only when both reached the target on every shared seed.</p>\n"
-             if target is not None else
-             "<p>The suite sets no target accuracy (or its runs set different ones): per workload and network, the "
-             "labels ordered by final accuracy, with no time to target and no speed-up.</p>\n"]
+             f"that reached it; labels that reached it on every run first, then those that reached it on some, by "
+             f"the share), then by final accuracy. Speed-up: the baseline <b>{e(baseline)}</b>'s mean time to target "
+             f"over the label's, paired by seed, with its paired bootstrap interval; given only when both reached the "
+             f"target on every shared seed. A workload whose runs set no target accuracy (or different ones) ranks by "
+             f"final accuracy, with no time to target and no speed-up.</p>\n"]
     for _, stratum in ranked.groupby(["workload", "network"], sort=False):
+        target = stratum_target(stratum)
         shown = pd.DataFrame({
-            "rank": [number_text(r, "g") for r in stratum["rank"]],
+            "rank": ["–" if pd.isna(r) else str(int(r)) for r in stratum["rank"]],
             "label": stratum["label"],
             "time to target (s)": [_time_text(row) for _, row in stratum.iterrows()],
             f"speed-up vs {baseline}": [_speedup_text(row, baseline) for _, row in stratum.iterrows()],
@@ -231,7 +249,7 @@ def rankings_html(ranked: pd.DataFrame, baseline: str, target: float | None) -> 
         if target is None:  # no target: nothing was timed, the order is by final accuracy
             shown = shown.drop(columns=["time to target (s)", f"speed-up vs {baseline}"])
         where = _where(stratum["workload"].iloc[0], stratum["network"].iloc[0])
-        parts += [f"<h3>{e(where)}</h3>\n", f'<p class="verdict">{e(verdict(stratum, baseline, target))}</p>\n',
+        parts += [f"<h3>{e(where)}</h3>\n", f'<p class="verdict">{e(verdict(stratum, baseline))}</p>\n',
                   table_html(shown)]
     parts.append("</section>\n")
     return "".join(parts)

@@ -41,7 +41,7 @@ def plot_throughput(table: pd.DataFrame, styles: dict[str, Style] | None = None)
 
 def rank_memory(runs: Sequence[RunResult]) -> pd.DataFrame:
     """runs -> one row per (run, rank) with the rank's peak resident memory, from its `cpu` record's
-    peak_rss_bytes (runs written before the field have none). Columns: label, workload, seed, rank,
+    peak_rss_bytes (runs written before the field have none). Columns: run_id, label, workload, seed, rank,
     peak_rss_bytes."""
     rows = []
     for run in runs:
@@ -49,9 +49,10 @@ def rank_memory(runs: Sequence[RunResult]) -> pd.DataFrame:
         peaks, ranks = numeric(cpu, "peak_rss_bytes"), numeric(cpu, "rank")
         for rank, peak in zip(ranks, peaks, strict=True):
             if math.isfinite(rank) and math.isfinite(peak):
-                rows.append({"label": run.label, "workload": str(run.spec.get("workload")),
+                rows.append({"run_id": run.spec.get("run_id") or run.run_dir.name, "label": run.label,
+                             "workload": str(run.spec.get("workload")),
                              "seed": run.spec.get("seed"), "rank": int(rank), "peak_rss_bytes": float(peak)})
-    return pd.DataFrame(rows, columns=["label", "workload", "seed", "rank", "peak_rss_bytes"])
+    return pd.DataFrame(rows, columns=["run_id", "label", "workload", "seed", "rank", "peak_rss_bytes"])
 
 
 def plot_peak_memory(memory: pd.DataFrame) -> Figure:

@@ -19,9 +19,11 @@ MEASURES = (("time_to_target_s", "train time to target (s)"), ("final_accuracy",
 
 
 def scaling_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """summary (runs x columns) -> the runs of the (method, workload) pairs that ran at more than one world size
-    (empty when the suite varies no world size)."""
-    sizes = table.groupby(["method", "workload"])["world_size"].transform("nunique")
+    """summary (runs x columns) -> the runs of the (method, workload, network) that ran at more than one world size
+    (empty when the suite varies no world size). A suite over several networks draws each network's runs as a
+    line of its own (plot_scaling groups by method and network)."""
+    keys = ["method", "workload", table["network"].fillna("").astype(str).rename("net")]
+    sizes = table.groupby(keys)["world_size"].transform("nunique")
     return table[sizes > 1]
 
 
@@ -36,7 +38,8 @@ def plot_scaling(rows: pd.DataFrame, styles: dict[str, Style] | None = None) -> 
         mine = rows[rows["workload"].astype(str) == workload]
         for row, (measure, name) in enumerate(MEASURES):
             ax = axes[row][column]
-            for method, group in mine.groupby("method", sort=False):
+            nets = mine["network"].fillna("").astype(str)
+            for (method, net), group in mine.groupby(["method", nets.rename("net")], sort=False):
                 first = str(group["label"].iloc[0])
                 color = styles[first].color if styles and first in styles else None
                 sizes, means, errors = [], [], [[], []]
@@ -52,7 +55,8 @@ def plot_scaling(rows: pd.DataFrame, styles: dict[str, Style] | None = None) -> 
                     errors[0].append(0.0 if np.isnan(low) else mean - low)
                     errors[1].append(0.0 if np.isnan(high) else high - mean)
                 if sizes:
-                    ax.errorbar(sizes, means, yerr=errors, marker="o", capsize=3, label=str(method), color=color)
+                    name = f"{method} @ {net}" if net else str(method)
+                    ax.errorbar(sizes, means, yerr=errors, marker="o", capsize=3, label=name, color=color)
             ax.set_xticks(sorted({int(s) for s in mine["world_size"]}))
             ax.set_xlabel("world size (ranks)")
             ax.set_ylabel(name)
