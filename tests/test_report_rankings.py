@@ -109,10 +109,10 @@ def test_verdicts_name_the_winner_or_say_why_there_is_none(table: pd.DataFrame) 
     assert by_accuracy[by_accuracy["workload"] == "a"]["label"].tolist()[:3] == ["ddp", "fast", "half"]
 
 
-def test_by_rank_orders_the_per_label_table_within_each_workload(table: pd.DataFrame) -> None:
+def test_rank_order_of_the_per_label_table_within_each_workload(table: pd.DataFrame) -> None:
     aggregates = tables.aggregate(table)
     assert len(aggregates) == 8  # fast and ddp ran both workloads: one row each per workload
-    ordered = rankings.by_rank(aggregates, rankings.rankings(table, "ddp", 0.95))
+    ordered = rankings.in_rank_order(aggregates, rankings.rankings(table, "ddp", 0.95))
     assert list(zip(ordered["workload"], ordered["label"], strict=True)) == [
         ("a", "fast"), ("a", "ddp"), ("a", "half"), ("a", "never"), ("a", "worse"), ("a", "broken"), ("b", "fast"),
         ("b", "ddp")]

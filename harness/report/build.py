@@ -109,15 +109,15 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     has_target = any((run.spec.get("budget") or {}).get("target_accuracy") is not None for run in used)
     robust = comparisons.robust_table(used_table, baseline_label, has_target)
     robust.to_csv(out_dir / "comparisons.csv", index=False)
-    aggregates = rankings.by_rank(tables.aggregate(table, ("completed",) if completed else None), ranked)
+    aggregates = rankings.in_rank_order(tables.aggregate(table, ("completed",) if completed else None), ranked)
     few_seeds = (page.fewest_runs(aggregates) or 0) < page.MIN_SEEDS
     scores, profile, left_out = None, None, None
     if has_target:
         covered, left_out, _ = comparisons.covering(table)
         if comparisons.with_keys(covered)["method_label"].nunique() > 1:
             scores, profile = comparisons.algoperf(covered)
-    plots = plots_module.suite_plots(runs, used, rankings.runs_by_rank(table, ranked),
-                                     rankings.runs_by_rank(used_table, ranked), robust, baseline_label, profile,
+    plots = plots_module.suite_plots(runs, used, rankings.in_rank_order(table, ranked),
+                                     rankings.in_rank_order(used_table, ranked), robust, baseline_label, profile,
                                      few_seeds)
     sections = [comparisons.comparisons_html(robust, scores, baseline_label, few_seeds, left_out)]
     for make in extra_sections:

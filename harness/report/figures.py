@@ -26,9 +26,12 @@ def new_figure(width: float = 7.5, height: float = 4.5) -> Figure:
 
     return Figure(figsize=(width, height), layout="constrained")
 
-def note(ax: Any, text: str) -> None:
-    """Write a centred message on an axes that has nothing else to show."""
+def note(ax: Any, text: str, bare: bool = False) -> None:
+    """Write a centred message on an axes that has nothing else to show; `bare` also clears its ticks."""
     ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, transform=ax.transAxes, fontsize=11)
+    if bare:
+        ax.set_xticks([])
+        ax.set_yticks([])
 
 def label_ticks(ax: Any, labels: Sequence[str]) -> None:
     """Slant category tick labels when they would collide."""
@@ -209,9 +212,7 @@ def plot_time_to_target(table: pd.DataFrame, target: float | None = None,
     for ax, key, labels, reached in panels:
         rows = in_panel(table, key)
         if reached.empty:
-            note(ax, f"No run reached the {target_text}" if labels else "No runs")
-            ax.set_xticks([])
-            ax.set_yticks([])
+            note(ax, f"No run reached the {target_text}" if labels else "No runs", bare=True)
         else:
             counts = [f"{label} ({(reached['label'] == label).sum()}/{(rows['label'] == label).sum()} reached)"
                       for label in labels]
@@ -243,9 +244,7 @@ def plot_bytes_per_sample(table: pd.DataFrame, styles: dict[str, Style] | None =
     fig, panels = bar_panels(table, "bytes_per_sample", styles, log=False)
     for ax, key, labels, data in panels:
         if data.empty:
-            note(ax, "No run recorded bytes and samples")
-            ax.set_xticks([])
-            ax.set_yticks([])
+            note(ax, "No run recorded bytes and samples", bare=True)
         else:
             means = data.groupby("label")["bytes_per_sample"].mean()
             positive = means[means > 0]

@@ -39,8 +39,7 @@ def left_out(table: pd.DataFrame, used_table: pd.DataFrame, value: str | None = 
     parts = []
     if len(used_table) < len(table):
         for label, group in table[table["state"] != "completed"].groupby("label", sort=False):
-            states = ", ".join(f"{s} {n}" for s, n in group["state"].value_counts(sort=False).items())
-            parts.append(f"{label} ({_seeds(group)}: {states})")
+            parts.append(f"{label} ({_seeds(group)}: {tables.not_completed(group)})")
     if value is not None and value in used_table.columns:
         values = pd.to_numeric(used_table[value], errors="coerce").astype(float)
         for label, group in used_table[~np.isfinite(values)].groupby("label", sort=False):

@@ -13,6 +13,7 @@ import pandas as pd
 from harness.report import stats
 from harness.report.comparisons import with_keys
 from harness.report.page import number_text, table_html
+from harness.report.tables import not_completed
 
 #: rankings.csv's columns, in order (docs/results.md).
 RANKING_COLUMNS = (
@@ -29,12 +30,6 @@ def _mean(values: pd.Series) -> float:
     finite = pd.to_numeric(values, errors="coerce").astype(float)
     finite = finite[np.isfinite(finite)]
     return float(finite.mean()) if len(finite) else math.nan
-
-
-def _states(group: pd.DataFrame) -> str:
-    """The states of the runs that did not complete, counted: 'diverged 2', 'failed 1, diverged 1'; '' when none."""
-    missing = group.loc[group["state"] != "completed", "state"].astype(str)
-    return ", ".join(f"{state} {count}" for state, count in missing.value_counts(sort=False).items())
 
 
 def speedup(label_runs: pd.DataFrame, baseline_runs: pd.DataFrame) -> tuple[float, float, float, int]:
@@ -63,12 +58,10 @@ def _order(row: dict[str, Any]) -> tuple:
     final accuracy, then labels with no completed run. Without a target, by final accuracy alone."""
     if row["completed"] == 0:
         return (3, 0.0, 0.0)
-    if row["target_accuracy"] is None or math.isnan(row["target_accuracy"]):
-        accuracy = row["final_accuracy"]
-        return (2, -accuracy if math.isfinite(accuracy) else math.inf, 0.0)
-    if row["reached"] == row["completed"]:
+    timed = not math.isnan(row["target_accuracy"])
+    if timed and row["reached"] == row["completed"]:
         return (0, row["time_to_target_s"], 0.0)
-    if row["reached"] > 0:
+    if timed and row["reached"] > 0:
         return (1, -row["reached"] / row["completed"], row["time_to_target_s"])
     accuracy = row["final_accuracy"]
     return (2, -accuracy if math.isfinite(accuracy) else math.inf, 0.0)
@@ -104,7 +97,7 @@ def rankings(table: pd.DataFrame, baseline: str, targets: Mapping[str, float | N
                 "reached": int(np.isfinite(times).sum()), "time_to_target_s": _mean(times),
                 "speedup_vs_baseline": ratio, "speedup_ci_low": low, "speedup_ci_high": high, "speedup_pairs": pairs,
                 "final_accuracy": _mean(mine["final_accuracy"]), "bytes_per_sample": _mean(mine["bytes_per_sample"]),
-                "states": _states(group),
+                "states": not_completed(group),
             })  # fmt: skip
         ranked.sort(key=_order)
         for position, row in enumerate(ranked, start=1):
@@ -137,21 +130,14 @@ def run_speedups(table: pd.DataFrame, ranked: pd.DataFrame, baseline: str) -> pd
     return out
 
 
-def by_rank(aggregates: pd.DataFrame, ranked: pd.DataFrame) -> pd.DataFrame:
-    """tables.aggregate rows reordered as the rankings: workloads (and networks) in their order, labels by rank."""
-    order = {(row.workload, row.label): position for position, row in enumerate(ranked.itertuples())}
-    keys = [order.get((workload, label), len(order)) for workload, label in
-            zip(aggregates["workload"], aggregates["label"], strict=True)]
-    return aggregates.iloc[np.argsort(keys, kind="stable")].reset_index(drop=True)
-
-
-def runs_by_rank(table: pd.DataFrame, ranked: pd.DataFrame) -> pd.DataFrame:
-    """summary rows reordered as the rankings (workloads in order, labels by rank; a label's runs keep their
-    order), so that bars and legends read from the fastest down."""
+def in_rank_order(frame: pd.DataFrame, ranked: pd.DataFrame) -> pd.DataFrame:
+    """Rows with `workload` and `label` (summary runs, or tables.aggregate rows) reordered as the rankings:
+    workloads (and networks) in their order, labels by rank; rows of one label keep their order, and their index,
+    so that tables, bars and legends read from the fastest down."""
     order = {(str(row.workload), row.label): position for position, row in enumerate(ranked.itertuples())}
     keys = [order.get((str(workload), label), len(order)) for workload, label in
-            zip(table["workload"], table["label"], strict=True)]
-    return table.iloc[np.argsort(keys, kind="stable")]
+            zip(frame["workload"], frame["label"], strict=True)]
+    return frame.iloc[np.argsort(keys, kind="stable")]
 
 
 def _where(workload: str, network: str) -> str:

@@ -27,9 +27,7 @@ def plot_throughput(table: pd.DataFrame, styles: dict[str, Style] | None = None)
     fig, panels = bar_panels(table, "samples_per_s", styles, log=False)  # bar lengths compare as throughputs do
     for ax, key, labels, data in panels:
         if data.empty:
-            note(ax, "No run recorded samples and train time")
-            ax.set_xticks([])
-            ax.set_yticks([])
+            note(ax, "No run recorded samples and train time", bare=True)
         else:
             label_bars(ax, labels, data, "samples_per_s", lambda mean: f"{mean:,.0f}")
         ax.set_xlabel("samples / s" + (", log scale" if ax.get_xscale() == "log" else ""))
@@ -69,9 +67,7 @@ def plot_peak_memory(memory: pd.DataFrame) -> Figure:
     for ax, key in zip(axes, keys, strict=True):
         rows = in_panel(memory, key)
         if rows.empty:
-            note(ax, "No run recorded its ranks' peak memory")
-            ax.set_xticks([])
-            ax.set_yticks([])
+            note(ax, "No run recorded its ranks' peak memory", bare=True)
             continue
         data = rows.assign(peak_mb=rows["peak_rss_bytes"] / 1e6, rank=rows["rank"].map(lambda r: f"rank {r}"))
         ranks = sorted(data["rank"].unique(), key=lambda text: int(text.split()[1]))

@@ -167,6 +167,12 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
     table["noisy"] = table["noisy"].astype("boolean")
     return table
 
+def not_completed(runs: pd.DataFrame) -> str:
+    """The states of the summary rows that did not complete, counted in order of appearance: 'diverged 2',
+    'failed 1, diverged 1'; '' when every run completed."""
+    missing = runs.loc[runs["state"] != "completed", "state"].astype(str)
+    return ", ".join(f"{state} {count}" for state, count in missing.value_counts(sort=False).items())
+
 def aggregate(table: pd.DataFrame, states: Sequence[str] | None = ("completed",)) -> pd.DataFrame:
     """summary (runs x columns) -> DataFrame ((workload, label) x columns), in order of first appearance: a label
     that runs on several workloads gets one row per workload, so that no mean mixes workloads.
@@ -181,7 +187,6 @@ def aggregate(table: pd.DataFrame, states: Sequence[str] | None = ("completed",)
     rows = []
     for (workload, label), group in table.groupby(["workload", "label"], sort=False, dropna=False):
         used = group if states is None else group[group["state"].isin(states)]
-        missing = group.loc[group["state"] != "completed", "state"].astype(str)
         row: dict[str, Any] = {
             "workload": workload,
             "label": label,
@@ -190,8 +195,7 @@ def aggregate(table: pd.DataFrame, states: Sequence[str] | None = ("completed",)
             "completed": int((group["state"] == "completed").sum()),
             "used": len(used),
             "noisy": len(hygiene.noisy_runs(used)),
-            "not_completed": ", ".join(f"{state} {count}" for state, count in
-                                       missing.value_counts(sort=False).items()),
+            "not_completed": not_completed(group),
         }
         for metric in AGGREGATED:
             values = numeric(used, metric)
