@@ -26,13 +26,13 @@ BUILTIN_METHODS: dict[str, str] = {
     "dgc": "methods.compression.dgc:DGC",
     "onebit": "methods.compression.onebit:OneBit",
     "local": "methods.local.local:Local",
-    "gpipe": "methods.pipeline.gpipe:GPipe",
-    "1f1b": "methods.pipeline.one_f_one_b:OneFOneB",
-    "pipedream": "methods.pipeline.pipedream:PipeDream",
-    "interleaved-1f1b": "methods.pipeline.interleaved:Interleaved1F1B",
-    "pb": "methods.pipeline.pb:PipelinedBackprop",
-    "qfb": "methods.pipeline.qfb:QFB",
-    "apapo": "methods.pipeline.apapo:APapo",
+    "gpipe": "methods.pipeline.flushed.gpipe:GPipe",
+    "1f1b": "methods.pipeline.flushed.one_f_one_b:OneFOneB",
+    "pipedream": "methods.pipeline.pipedream.pipedream:PipeDream",
+    "interleaved-1f1b": "methods.pipeline.flushed.interleaved:Interleaved1F1B",
+    "pb": "methods.pipeline.pb.pb:PipelinedBackprop",
+    "qfb": "methods.pipeline.qfb.qfb:QFB",
+    "apapo": "methods.pipeline.apapo.apapo:APapo",
 }
 
 

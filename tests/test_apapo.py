@@ -187,7 +187,7 @@ def test_every_rank_runs_the_plan_rank_0_solved(tmp_path):
 
 
 def test_configurations_are_checked():
-    from methods.pipeline.apapo import APapo
+    from methods.pipeline.apapo.apapo import APapo
 
     assert "chooses the replicas" in APapo.check_world_size(3, APapo.Params(replicas=[2, 1]))
     assert APapo.check_world_size(3, APapo.Params()) is None  # the DP picks stages and replicas over 3 ranks
@@ -197,8 +197,8 @@ def test_configurations_are_checked():
 
 
 def test_the_layer_split_of_a_branching_model_equals_the_model():
-    from methods.pipeline import layers
-    from methods.pipeline.antichain import Hardware, antichain_partition
+    from methods.pipeline.apapo import layers
+    from methods.pipeline.apapo.antichain import Hardware, antichain_partition
 
     class Branching(torch.nn.Module):
         def __init__(self):

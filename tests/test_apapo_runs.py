@@ -13,7 +13,7 @@ import pytest
 
 from harness.suite.expand import expand_suite
 from harness.suite.files import FileError
-from methods.pipeline.overlap import overlap_summary
+from methods.pipeline.core.overlap import overlap_summary
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
 

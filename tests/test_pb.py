@@ -9,12 +9,12 @@ from torch import nn
 
 from _dist import context, spawn
 from harness.data.tensors import Batch, DataOrder
-from methods.pipeline.interleaver import validate
-from methods.pipeline.pb import scaled_hyperparameters
-from methods.pipeline.placement import Placement
-from methods.pipeline.prediction import Predicted
-from methods.pipeline.schedule import Op, pb_delay, pb_tick
-from methods.pipeline.spike import SpikeCompensatedSGD, spike_coefficients
+from methods.pipeline.core.interleaver import validate
+from methods.pipeline.pb.pb import scaled_hyperparameters
+from methods.pipeline.core.placement import Placement
+from methods.pipeline.pb.prediction import Predicted
+from methods.pipeline.core.actions import Op, pb_delay, pb_tick
+from methods.pipeline.pb.spike import SpikeCompensatedSGD, spike_coefficients
 
 
 def _make(params, rank=0, world_size=1, workload="digits-mlp", records=None):
@@ -190,7 +190,7 @@ def test_scaling_rules_to_batch_one_and_their_record_in_the_spec(tmp_path):
     (spec,) = expand_suite(suite)
     assert spec.params["reference_lr"] == 0.05 and spec.params["reference_momentum"] == 0.9
     assert spec.params["momentum"] == pytest.approx(0.9 ** (1 / 32)) and spec.params["lr"] < 0.05 / 32
-    from methods.pipeline.pb import PBParams
+    from methods.pipeline.pb.pb import PBParams
 
     again = PBParams.model_validate(spec.params)  # the worker validates spec.json again: no second scaling
     assert again.lr == spec.params["lr"] and again.momentum == spec.params["momentum"]

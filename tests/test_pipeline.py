@@ -98,7 +98,7 @@ def test_evaluation_through_the_pipeline_equals_the_whole_model():
 
 
 def test_bad_configurations_are_refused():
-    from methods.pipeline.gpipe import GPipe
+    from methods.pipeline.flushed.gpipe import GPipe
 
     params = GPipe.Params(stages=3, microbatches=4)
     assert "one stage per rank" in GPipe.check_world_size(2, params)

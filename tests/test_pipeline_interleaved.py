@@ -106,7 +106,7 @@ def test_two_processes_equal_the_virtual_interleaved_pipeline():
 
 
 def test_interleaved_configurations_are_checked():
-    from methods.pipeline.interleaved import Interleaved1F1B
+    from methods.pipeline.flushed.interleaved import Interleaved1F1B
 
     params = Interleaved1F1B.Params
     assert Interleaved1F1B.check_world_size(2, params(microbatches=4)) is None

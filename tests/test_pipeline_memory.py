@@ -9,8 +9,8 @@ from torch import nn
 
 from _dist import context
 from harness.data.tensors import Batch, DataOrder
-from methods.pipeline.stage import Stage
-from methods.pipeline.versions import Live
+from methods.pipeline.core.stage import Stage
+from methods.pipeline.core.versions import Live
 
 
 def _step(name, params, steps=2):

@@ -106,8 +106,8 @@ def test_pipedream_runs_the_partitioners_plan_with_replication(tmp_path):
 
 
 def test_replica_configurations_are_checked():
-    from methods.pipeline.gpipe import GPipe
-    from methods.pipeline.pipedream import PipeDream
+    from methods.pipeline.flushed.gpipe import GPipe
+    from methods.pipeline.pipedream.pipedream import PipeDream
 
     assert "does not plan replication" in GPipe.check_world_size(3, GPipe.Params(replicas="auto", partition="auto"))
     assert "needs partition = 'auto'" in PipeDream.check_world_size(3, PipeDream.Params(replicas="auto",

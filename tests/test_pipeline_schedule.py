@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from methods.pipeline.interleaver import Deadlock, Interleaver, validate
-from methods.pipeline.placement import Placement, place
-from methods.pipeline.schedule import (
+from methods.pipeline.core.interleaver import Deadlock, Interleaver, validate
+from methods.pipeline.core.placement import Placement, place
+from methods.pipeline.core.actions import (
     Action,
     Op,
     compute_order,

@@ -9,10 +9,10 @@ from torch.func import functional_call
 
 from _dist import context, spawn
 from harness.data.tensors import Batch, DataOrder
-from methods.pipeline.interleaver import validate
-from methods.pipeline.placement import Placement
-from methods.pipeline.qfb import qfb_drain, qfb_tick
-from methods.pipeline.schedule import compute_order
+from methods.pipeline.core.interleaver import validate
+from methods.pipeline.core.placement import Placement
+from methods.pipeline.qfb.qfb import qfb_drain, qfb_tick
+from methods.pipeline.core.actions import compute_order
 
 OFF = {"activation_codec": "none", "gradient_codec": "none"}
 
@@ -175,7 +175,7 @@ def test_schedules_are_valid_and_the_drain_completes_bounded():
 
 
 def test_bad_configurations_are_refused():
-    from methods.pipeline.qfb import QFB
+    from methods.pipeline.qfb.qfb import QFB
 
     assert "does not replicate" in QFB.check_world_size(3, QFB.Params(replicas=[2, 1]))
     assert "exceeds batch_size" in QFB.check_world_size(1, QFB.Params(microbatches=64, batch_size=32))

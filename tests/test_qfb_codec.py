@@ -10,8 +10,8 @@ import torch
 
 from _dist import context, spawn
 from harness.data.tensors import Batch, DataOrder
-from methods.pipeline.codecs import make_codec
-from methods.pipeline.two_step import SCALE_BYTES, TwoStep, index_width
+from methods.pipeline.core.codecs import make_codec
+from methods.pipeline.qfb.two_step import SCALE_BYTES, TwoStep, index_width
 
 STREAM = ("grad", 1, 1, 0)
 

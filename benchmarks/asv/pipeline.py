@@ -19,7 +19,7 @@ class Schedules:
     param_names = ["schedule", "stages x microbatches"]
 
     def time_generate(self, name: str, size: tuple[int, int]) -> None:
-        from methods.pipeline import schedule
+        from methods.pipeline.core import actions as schedule
 
         make = {"gpipe": schedule.gpipe, "1f1b": schedule.one_f_one_b, "pipedream": schedule.pipedream,
                 "interleaved": lambda s, m: schedule.interleaved_1f1b(s // 2, 2, m)}[name]
@@ -60,8 +60,8 @@ class StageStep:
     def setup(self) -> None:
         from torch import nn
 
-        from methods.pipeline.stage import Stage
-        from methods.pipeline.versions import Live
+        from methods.pipeline.core.stage import Stage
+        from methods.pipeline.core.versions import Live
 
         torch.set_num_threads(1)
         torch.manual_seed(0)

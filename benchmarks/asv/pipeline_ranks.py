@@ -29,8 +29,8 @@ def our_stages(rank: int, world_size: int, stages: int, width: int, layers: int)
     import torch
     from torch import nn
 
-    from methods.pipeline.stage import Stage
-    from methods.pipeline.versions import Live
+    from methods.pipeline.core.stage import Stage
+    from methods.pipeline.core.versions import Live
 
     return {s: Stage(s, stages, m, torch.optim.SGD(m.parameters(), lr=1e-4), Live(m), nn.functional.cross_entropy)
             for s, m in stage_modules(rank, world_size, stages, width, layers).items()}
@@ -40,7 +40,7 @@ def microbatch_views(held: Any, stages: int, x: Any, y: Any, microbatches: int) 
     """The Microbatches of the stages in `held`: x's and y's equal slices on the first and the last stage."""
     import torch
 
-    from methods.pipeline.executor import Microbatches
+    from methods.pipeline.core.executor import Microbatches
 
     size = len(x) // microbatches
     keys = [(0, m) for m in range(microbatches)]
@@ -78,9 +78,9 @@ def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, 
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     from harness.comm.communicator import Communicator
-    from methods.pipeline import schedule as schedules
-    from methods.pipeline.executor import ProcessExecutor, Wire
-    from methods.pipeline.placement import Placement, place
+    from methods.pipeline.core import actions as schedules
+    from methods.pipeline.core.executor import ProcessExecutor, Wire
+    from methods.pipeline.core.placement import Placement, place
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, width, generator=g)
     y = torch.randint(0, width, (batch,), generator=g)
@@ -114,7 +114,7 @@ def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, 
     gpipe_traces: list = []
     interleaved_traces: list = []
     one_stage = Placement.one_per_rank(flat)
-    prepost = exchange == "prepost"  # "fused": ExchangedPipeline's executor option (methods/pipeline/flushed.py)
+    prepost = exchange == "prepost"  # "fused": ExchangedPipeline's executor option (methods/pipeline/flushed/base.py)
     ours_gpipe, ex1 = ours(flat, one_stage, place(schedules.gpipe(flat, microbatches), one_stage)[rank],
                            gpipe_traces, prepost)
     ours_1f1b, ex2 = ours(flat, one_stage, place(schedules.one_f_one_b(flat, microbatches), one_stage)[rank], None,

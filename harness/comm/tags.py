@@ -10,8 +10,8 @@ class Tag(IntEnum):
 
     CHANNEL_*: the bounded forward channel (harness/comm/channel.py): data, sample ids, credits back.
     EVAL_CHAIN: evaluation through a chain of ranks (methods/blocks.py), apart from training traffic.
-    BANDWIDTH_PROBE: the link measurement before a run (methods/pipeline/hardware.py).
-    ACTIVATIONS, ACTIVATION_GRADS: a pipeline's stage-to-stage tensors (methods/pipeline/executor.py): the stream
+    BANDWIDTH_PROBE: the link measurement before a run (methods/pipeline/apapo/hardware.py).
+    ACTIVATIONS, ACTIVATION_GRADS: a pipeline's stage-to-stage tensors (methods/pipeline/core/executor.py): the stream
     across the boundary between stages b and b+1 has tag pipeline_tag(kind, b), so that two stages of one rank that
     talk to the same peer (interleaved schedules) keep their streams apart.
     """

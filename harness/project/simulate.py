@@ -51,7 +51,7 @@ class Span:
 def simulate(ranks: Sequence[Sequence[Task]], link: Link) -> list[list[Span]]:
     """Run every rank's task list (ranks x tasks) and return the spans (ranks x tasks, in list order).
 
-    Each rank runs its tasks in order, as the pipeline executor does (methods/pipeline/executor.py):
+    Each rank runs its tasks in order, as the pipeline executor does (methods/pipeline/core/executor.py):
     - a compute or send task runs for its duration as soon as the previous one ended;
     - a rank posts the receives of a step when it starts that step, and a message moves only once the sender got
       the receiver's ready notice (gloo sends an unbound buffer only then; measured: an isend completes when the

@@ -12,12 +12,12 @@ import torch.distributed as dist
 from harness.comm.communicator import Communicator
 from harness.comm.tags import pipeline_tag
 from harness.trace import TraceEvent
-from methods.pipeline.codecs import Codec, Plain
-from methods.pipeline.interleaver import Interleaver, Message, destination_stage, message_of, stream_of
-from methods.pipeline.overlap import ArrivalWatch
-from methods.pipeline.placement import Placement
-from methods.pipeline.schedule import RECEIVES, SENDS, Action, Op, Schedule
-from methods.pipeline.stage import Key, Stage
+from methods.pipeline.core.codecs import Codec, Plain
+from methods.pipeline.core.interleaver import Interleaver, Message, destination_stage, message_of, stream_of
+from methods.pipeline.core.overlap import ArrivalWatch
+from methods.pipeline.core.placement import Placement
+from methods.pipeline.core.actions import RECEIVES, SENDS, Action, Op, Schedule
+from methods.pipeline.core.stage import Key, Stage
 
 CATEGORY = {"act": "activations", "grad": "activation_grads"}
 
@@ -103,7 +103,7 @@ class ProcessExecutor:
     comparison, and gpipe's and 1f1b's `exchange = "fused"`). Its sends block, so it is deadlock-free only for
     schedules whose blocking sends their peers' receives meet in order (one stage per rank: gpipe, 1f1b); an
     interleaved schedule hangs under it. `watch` (with overlap) is a communication thread that completes the
-    pre-posted receives and notes their arrival (methods/pipeline/overlap.py)."""
+    pre-posted receives and notes their arrival (methods/pipeline/core/overlap.py)."""
 
     def __init__(self, rank: int, stages: Mapping[int, Stage], comm: Communicator, placement: Placement,
                  wire: Wire, replica_comms: Mapping[int, Communicator] | None = None, sync_mean: bool = False,

@@ -9,8 +9,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from methods.pipeline.graph import LayerGraph, members
-from methods.pipeline.partitioner import stage_time, sync_time, transfer_time
+from methods.pipeline.apapo.graph import LayerGraph, members
+from methods.pipeline.core.partitioner import stage_time, sync_time, transfer_time
 
 _TIE_TOLERANCE = 1e-9  # as in partitioner.py: closer objective values are a tie, decided by the enumeration order
 MAX_ORDERS = 720  # rank orders tried at most (6 distinct ranks)

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from methods.pipeline.graph import LayerGraph, members
-from methods.pipeline.profiler import BlockProfile
+from methods.pipeline.apapo.graph import LayerGraph, members
+from methods.pipeline.core.block_profile import BlockProfile
 
 
 @dataclass

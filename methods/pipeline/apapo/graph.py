@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from methods.pipeline.profiler import BlockProfile
+from methods.pipeline.core.block_profile import BlockProfile
 
 #: More down-sets than this and the DP would be slow: coarsen the graph (merge chains) first.
 MAX_STATES = 20_000

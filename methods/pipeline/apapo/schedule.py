@@ -3,7 +3,7 @@ of M microbatches, one update per iteration, and a gate that bounds the weight v
 
 from __future__ import annotations
 
-from methods.pipeline.schedule import Action, Op, Schedule, backward_unit, forward_unit
+from methods.pipeline.core.actions import Action, Op, Schedule, backward_unit, forward_unit
 
 
 def version_delay(stages: int, iterations_in_flight: int) -> int:

@@ -13,10 +13,10 @@ import torch
 
 from harness.comm.communicator import Communicator
 from harness.trace import TraceEvent
-from methods.pipeline.executor import Microbatches, ProcessExecutor, Trace, Wire
-from methods.pipeline.placement import Placement
-from methods.pipeline.schedule import Action, Op, Schedule
-from methods.pipeline.stage import Key, Stage
+from methods.pipeline.core.executor import Microbatches, ProcessExecutor, Trace, Wire
+from methods.pipeline.core.placement import Placement
+from methods.pipeline.core.actions import Action, Op, Schedule
+from methods.pipeline.core.stage import Key, Stage
 
 FORWARD_LANE, BACKWARD_LANE = 0, 1
 #: The ops of the forward lane; every other op (receive and send gradients, backward, sync, update) is the backward's.

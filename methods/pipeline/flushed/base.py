@@ -11,11 +11,11 @@ from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
-from methods.pipeline.interleaver import validate
-from methods.pipeline.method import PipelineMethod, PipelineParams
-from methods.pipeline.placement import place
-from methods.pipeline.schedule import Schedule
-from methods.pipeline.versions import Live, WeightPolicy
+from methods.pipeline.core.interleaver import validate
+from methods.pipeline.core.base import PipelineMethod, PipelineParams
+from methods.pipeline.core.placement import place
+from methods.pipeline.core.actions import Schedule
+from methods.pipeline.core.versions import Live, WeightPolicy
 
 
 class FlushedParams(PipelineParams):

@@ -11,7 +11,7 @@ from torch import nn
 
 from harness.comm.communicator import Communicator
 from harness.comm.tags import Tag
-from methods.pipeline.antichain import Hardware
+from methods.pipeline.apapo.antichain import Hardware
 
 
 def time_step(model: nn.Module, example: torch.Tensor, repeats: int = 5) -> float:

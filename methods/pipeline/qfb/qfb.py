@@ -11,14 +11,14 @@ from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
-from methods.pipeline.codecs import Codec, make_codec
-from methods.pipeline.interleaver import validate
-from methods.pipeline.lanes import LabelledLanes, LaneExecutor, LaneStage, SingleRankLanes
-from methods.pipeline.method import CodecName, PipelineMethod, PipelineParams
-from methods.pipeline.placement import place
-from methods.pipeline.schedule import Action, Op, Schedule, backward_unit, forward_unit
-from methods.pipeline.two_step import TwoStep
-from methods.pipeline.versions import Live, WeightPolicy, Weights
+from methods.pipeline.core.codecs import Codec, make_codec
+from methods.pipeline.core.interleaver import validate
+from methods.pipeline.qfb.lanes import LabelledLanes, LaneExecutor, LaneStage, SingleRankLanes
+from methods.pipeline.core.base import CodecName, PipelineMethod, PipelineParams
+from methods.pipeline.core.placement import place
+from methods.pipeline.core.actions import Action, Op, Schedule, backward_unit, forward_unit
+from methods.pipeline.qfb.two_step import TwoStep
+from methods.pipeline.core.versions import Live, WeightPolicy, Weights
 
 Sync = Literal["exact", "bounded"]
 
@@ -43,7 +43,7 @@ def qfb_tick(stage: int, stages: int, microbatches: int, window: int, sync: Sync
     """Stage `stage`'s actions in runner step `window`.
 
     exact: the forwards and the backwards of window t, merged as 1F1B merges them (S-1-s forwards first; the order
-        one lane would run them in), then the update. The lanes split the list by op (methods/pipeline/lanes.py).
+        one lane would run them in), then the update. The lanes split the list by op (methods/pipeline/qfb/lanes.py).
     bounded: the forwards of window t and the backwards of window t-1 (none at t = 0), one of each in turn, then the
         update of window t-1; `qfb_drain` runs the backwards and update of the last window.
     Microbatch m of window t is Action(..., mb=m, iteration=t)."""

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from methods.pipeline.profiler import BlockProfile
+from methods.pipeline.core.block_profile import BlockProfile
 
 # Two objective values closer than this (relatively) are a tie, so the tie rule, not float noise, picks the plan.
 _TIE_TOLERANCE = 1e-9

@@ -14,16 +14,18 @@ from torch import nn
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
 from methods.blocks import VIRTUAL_DEFAULT_PARTS, too_few, uniform_split
-from methods.pipeline import antichain, apapo_schedule, layers
-from methods.pipeline.hardware import hardware_for
-from methods.pipeline.interleaver import Interleaver
-from methods.pipeline.method import PipelineMethod, PipelineParams
-from methods.pipeline.overlap import ArrivalWatch, overlap_summary, read_records
-from methods.pipeline.placement import Placement, place
-from methods.pipeline.planning import Plan
-from methods.pipeline.profiler import profiles_to_dicts
-from methods.pipeline.schedule import Schedule
-from methods.pipeline.versions import DoubleBuffered, WeightPolicy
+from methods.pipeline.apapo import antichain
+from methods.pipeline.apapo import schedule as apapo_schedule
+from methods.pipeline.apapo import layers
+from methods.pipeline.apapo.hardware import hardware_for
+from methods.pipeline.core.interleaver import Interleaver
+from methods.pipeline.core.base import PipelineMethod, PipelineParams
+from methods.pipeline.core.overlap import ArrivalWatch, overlap_summary, read_records
+from methods.pipeline.core.placement import Placement, place
+from methods.pipeline.core.planning import Plan
+from methods.pipeline.core.block_profile import profiles_to_dicts
+from methods.pipeline.core.actions import Schedule
+from methods.pipeline.core.versions import DoubleBuffered, WeightPolicy
 
 
 class APapoParams(PipelineParams):

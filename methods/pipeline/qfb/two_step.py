@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from methods.bits import pack_bits, unpack_bits
-from methods.pipeline.codecs import Codec
+from methods.pipeline.core.codecs import Codec
 
 SCALE_BYTES = 4  # one fp32 scale per message
 LEVELS = 127  # int8 codes in [-127, 127], sent as code + 127

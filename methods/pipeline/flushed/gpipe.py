@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from methods.pipeline import schedule
-from methods.pipeline.flushed import ExchangedPipeline
+from methods.pipeline.core import actions as schedule
+from methods.pipeline.flushed.base import ExchangedPipeline
 
 
 class GPipe(ExchangedPipeline):

@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from methods.pipeline.versions import WeightPolicy, Weights
+from methods.pipeline.core.versions import WeightPolicy, Weights
 
 Prediction = Literal["none", "lwp_v", "lwp_w"]
 

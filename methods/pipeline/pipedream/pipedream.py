@@ -11,10 +11,10 @@ from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
-from methods.pipeline.method import PipelineMethod, PipelineParams
-from methods.pipeline.placement import place
-from methods.pipeline.schedule import Schedule, pipedream_delay, pipedream_drain, pipedream_tick
-from methods.pipeline.versions import Stashed, WeightPolicy
+from methods.pipeline.core.base import PipelineMethod, PipelineParams
+from methods.pipeline.core.placement import place
+from methods.pipeline.core.actions import Schedule, pipedream_delay, pipedream_drain, pipedream_tick
+from methods.pipeline.core.versions import Stashed, WeightPolicy
 
 
 class PipeDreamParams(PipelineParams):

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from methods.pipeline.versions import WeightPolicy
+from methods.pipeline.core.versions import WeightPolicy
 
 #: graph: differentiate the graph the forward built, with the weights the forward used (live, stashed or predicted).
 #: stashed: the same, and the forward must have used a stashed version (PipeDream's weight stashing).

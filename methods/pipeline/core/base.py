@@ -19,15 +19,15 @@ from harness.run.training import make_sgd
 from harness.trace import busy_s, span_s, wait_s
 from harness.trace_export import write_chrome_trace
 from methods.blocks import classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
-from methods.pipeline import planning
-from methods.pipeline.codecs import Codec, make_codec
-from methods.pipeline.executor import Microbatches, ProcessExecutor, Trace, VirtualExecutor, Wire
-from methods.pipeline.placement import Placement
-from methods.pipeline.schedule import Schedule
-from methods.pipeline.stage import BackwardMode, Stage
-from methods.pipeline.versions import WeightPolicy
+from methods.pipeline.core import planning
+from methods.pipeline.core.codecs import Codec, make_codec
+from methods.pipeline.core.executor import Microbatches, ProcessExecutor, Trace, VirtualExecutor, Wire
+from methods.pipeline.core.placement import Placement
+from methods.pipeline.core.actions import Schedule
+from methods.pipeline.core.stage import BackwardMode, Stage
+from methods.pipeline.core.versions import WeightPolicy
 
-#: The names of methods/pipeline/codecs.py's CODECS (a test keeps the two equal).
+#: The names of methods/pipeline/core/codecs.py's CODECS (a test keeps the two equal).
 CodecName = Literal["none", "fp16", "int8", "int4"]
 
 

@@ -1,0 +1,1 @@
+"""APapo: the layer-graph partition over measured ranks, and its multi-iteration asynchronous schedule."""

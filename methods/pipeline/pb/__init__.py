@@ -1,0 +1,1 @@
+"""Pipelined Backpropagation with Spike Compensation and Linear Weight Prediction."""

@@ -1,0 +1,1 @@
+"""Q-FB: forward and backward lanes with quantized activations and 2-Step gradient compression."""
