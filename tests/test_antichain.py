@@ -10,8 +10,8 @@ import pytest
 
 from methods.pipeline.apapo.antichain import Hardware, antichain_partition, predict
 from methods.pipeline.apapo.graph import LayerGraph, members, random_dag
-from methods.pipeline.core.partitioner import pipedream_partition, straight_partition
 from methods.pipeline.core.block_profile import BlockProfile
+from methods.pipeline.core.partitioner import pipedream_partition, straight_partition
 
 
 def _profiles(rng: random.Random, n: int) -> list[BlockProfile]:

@@ -12,13 +12,13 @@ from torch import nn
 
 from harness.data.models import mlp
 from methods.blocks import uniform_split
+from methods.pipeline.core.block_profile import BlockProfile, profile_blocks, profiles_from_dicts, profiles_to_dicts
 from methods.pipeline.core.partitioner import (
     PartitionPlan,
     pipedream_partition,
     predict,
     straight_partition,
 )
-from methods.pipeline.core.block_profile import BlockProfile, profile_blocks, profiles_from_dicts, profiles_to_dicts
 
 GB = 1e9
 

@@ -9,11 +9,12 @@ from torch import nn
 
 from _dist import context, spawn
 from harness.data.tensors import Batch, DataOrder
+from methods.pipeline.core.actions import Op
 from methods.pipeline.core.interleaver import validate
-from methods.pipeline.pb.pb import scaled_hyperparameters
 from methods.pipeline.core.placement import Placement
-from methods.pipeline.pb.prediction import Predicted
-from methods.pipeline.core.actions import Op, pb_delay, pb_tick
+from methods.pipeline.core.schedules import pb_delay, pb_tick
+from methods.pipeline.core.versions import Predicted
+from methods.pipeline.pb.pb import scaled_hyperparameters
 from methods.pipeline.pb.spike import SpikeCompensatedSGD, spike_coefficients
 
 

@@ -6,12 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from methods.pipeline.core.actions import Action, Op, compute_order
 from methods.pipeline.core.interleaver import Deadlock, Interleaver, validate
 from methods.pipeline.core.placement import Placement, place
-from methods.pipeline.core.actions import (
-    Action,
-    Op,
-    compute_order,
+from methods.pipeline.core.schedules import (
     gpipe,
     interleaved_1f1b,
     one_f_one_b,

@@ -150,7 +150,7 @@ def _compute_and_messages(actions: list[tuple[str, int]]) -> list[tuple[str, int
 
 @pytest.mark.parametrize(("stages", "microbatches"), [(1, 3), (2, 4), (3, 2), (4, 6), (3, 5)])
 def test_generated_orders_equal_the_pipeline_schedules(stages, microbatches):
-    from methods.pipeline.core import actions as schedule
+    from methods.pipeline.core import schedules as schedule
 
     for name, ours in (("gpipe", gpipe_order), ("one_f_one_b", one_f_one_b_order)):
         theirs = getattr(schedule, name)(stages, microbatches)

@@ -9,10 +9,10 @@ from torch.func import functional_call
 
 from _dist import context, spawn
 from harness.data.tensors import Batch, DataOrder
+from methods.pipeline.core.actions import compute_order
 from methods.pipeline.core.interleaver import validate
 from methods.pipeline.core.placement import Placement
-from methods.pipeline.qfb.qfb import qfb_drain, qfb_tick
-from methods.pipeline.core.actions import compute_order
+from methods.pipeline.core.schedules import qfb_drain, qfb_tick
 
 OFF = {"activation_codec": "none", "gradient_codec": "none"}
 

@@ -78,7 +78,7 @@ def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, 
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     from harness.comm.communicator import Communicator
-    from methods.pipeline.core import actions as schedules
+    from methods.pipeline.core import schedules
     from methods.pipeline.core.executor import ProcessExecutor, Wire
     from methods.pipeline.core.placement import Placement, place
     g = torch.Generator().manual_seed(0)

@@ -14,17 +14,16 @@ from torch import nn
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
 from methods.blocks import VIRTUAL_DEFAULT_PARTS, too_few, uniform_split
-from methods.pipeline.apapo import antichain
-from methods.pipeline.apapo import schedule as apapo_schedule
-from methods.pipeline.apapo import layers
+from methods.pipeline.apapo import antichain, layers
 from methods.pipeline.apapo.hardware import hardware_for
-from methods.pipeline.core.interleaver import Interleaver
+from methods.pipeline.core import schedules
+from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.base import PipelineMethod, PipelineParams
+from methods.pipeline.core.block_profile import profiles_to_dicts
+from methods.pipeline.core.interleaver import Interleaver
 from methods.pipeline.core.overlap import ArrivalWatch, overlap_summary, read_records
 from methods.pipeline.core.placement import Placement, place
 from methods.pipeline.core.planning import Plan
-from methods.pipeline.core.block_profile import profiles_to_dicts
-from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.versions import DoubleBuffered, WeightPolicy
 
 
@@ -56,7 +55,7 @@ class APapo(PipelineMethod):
        nested ones, and each stage gets a group of ranks (replicated where it pays) so that the slowest stage or
        boundary transfer is smallest, with every rank's measured speed and every link's measured bandwidth. A stage
        may receive several tensors (a skip connection crossing the cut): they travel as one flat payload.
-    2. Schedule (apapo_schedule.py): iteration t is M microbatches and one update per stage. Stages run 1F1B over
+    2. Schedule (schedules.py): iteration t is M microbatches and one update per stage. Stages run 1F1B over
        the stream of microbatches without flushing, so K = iterations_in_flight iterations overlap; the forward
        and the backward of iteration t use weight version t - D, D = K - 1 (D = 1: PipeDream-2BW,
        W(t+1) = W(t) - lr·grad f(W(t-1)); a single stage has D = 0 and is SGD with M-microbatch accumulation). A
@@ -126,7 +125,7 @@ class APapo(PipelineMethod):
         self.groups: tuple[tuple[int, ...], ...] = ()  # each stage's ranks, from the plan (make_blocks)
         self.record: dict[str, Any] = {}  # what partition.json says about the plan (rank 0)
         super().__init__(ctx)
-        self.delay = apapo_schedule.version_delay(self.num_stages, ctx.params.iterations_in_flight)
+        self.delay = schedules.version_delay(self.num_stages, ctx.params.iterations_in_flight)
         self.iterations = 0  # steps run; the drain completes what is still in flight
         self._check_schedule(ctx.params.iterations_in_flight + 3)
 
@@ -135,7 +134,7 @@ class APapo(PipelineMethod):
 
     def make_policy(self, stage: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer
                     ) -> WeightPolicy:
-        delay = apapo_schedule.version_delay(stages, self.ctx.params.iterations_in_flight)
+        delay = schedules.version_delay(stages, self.ctx.params.iterations_in_flight)
         return DoubleBuffered(module, self.ctx.params.microbatches, delay)
 
     def make_placement(self, stages: int, replicas: list[int]) -> Placement:
@@ -212,7 +211,7 @@ class APapo(PipelineMethod):
         record = self.record
         params = self.ctx.params
         record["schedule"] = {"microbatches": params.microbatches, "iterations_in_flight": params.iterations_in_flight,
-                              "delay": apapo_schedule.version_delay(len(blocks), params.iterations_in_flight),
+                              "delay": schedules.version_delay(len(blocks), params.iterations_in_flight),
                               "overlap": params.overlap}
         return Plan([(s, s + 1) for s in range(len(blocks))], [len(g) for g in self.groups], record)
 
@@ -223,7 +222,7 @@ class APapo(PipelineMethod):
     def segment(self, iteration: int) -> Schedule:
         """Step `iteration`'s actions, one list per rank."""
         m, s_count = self.ctx.params.microbatches, self.num_stages
-        return self._placed(lambda s: apapo_schedule.segment(s, s_count, m, self.delay, iteration))
+        return self._placed(lambda s: schedules.segment(s, s_count, m, self.delay, iteration))
 
     def _check_schedule(self, iterations: int) -> None:
         """Run the first steps and a drain through the Interleaver (no deadlock, streams in order, nothing left)."""
@@ -231,7 +230,7 @@ class APapo(PipelineMethod):
         check = Interleaver(self.placement)
         for t in range(iterations):
             check.advance(self.segment(t))
-        check.advance(self._placed(lambda s: apapo_schedule.drain(s, s_count, m, self.delay, iterations)))
+        check.advance(self._placed(lambda s: schedules.apapo_drain(s, s_count, m, self.delay, iterations)))
         if check.in_flight:
             raise RuntimeError(f"apapo's schedule leaves messages unreceived: {sorted(check.in_flight)}")
 
@@ -261,7 +260,7 @@ class APapo(PipelineMethod):
         t, m = self.iterations, self.ctx.params.microbatches
         views = self.views(Batch(t, 0.0, torch.zeros(0, dtype=torch.long), self.ctx.workload.train), [], [], t)
         self._sizes(views, t)
-        self.run(self._placed(lambda s: apapo_schedule.drain(s, self.num_stages, m, self.delay, t)), views, -1)
+        self.run(self._placed(lambda s: schedules.apapo_drain(s, self.num_stages, m, self.delay, t)), views, -1)
 
     def finish(self) -> None:
         """As every pipeline, then (rank 0) the overlap accounting of the traced steps into partition.json."""

@@ -20,10 +20,10 @@ from harness.trace import busy_s, span_s, wait_s
 from harness.trace_export import write_chrome_trace
 from methods.blocks import classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
 from methods.pipeline.core import planning
+from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.codecs import Codec, make_codec
 from methods.pipeline.core.executor import Microbatches, ProcessExecutor, Trace, VirtualExecutor, Wire
 from methods.pipeline.core.placement import Placement
-from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.stage import BackwardMode, Stage
 from methods.pipeline.core.versions import WeightPolicy
 

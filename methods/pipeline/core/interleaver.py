@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from methods.pipeline.core.placement import Placement
 from methods.pipeline.core.actions import Action, Op, Schedule
+from methods.pipeline.core.placement import Placement
 
 #: A message between stages: (kind 'act' or 'grad', the sending stage, iteration, microbatch).
 Message = tuple[str, int, int, int]

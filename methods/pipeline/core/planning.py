@@ -13,8 +13,8 @@ from torch import nn
 
 from harness.comm.communicator import Communicator
 from methods.blocks import uniform_split
-from methods.pipeline.core import partitioner
 from methods.pipeline.core import block_profile as profiler
+from methods.pipeline.core import partitioner
 
 
 @dataclass

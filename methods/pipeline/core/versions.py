@@ -1,8 +1,10 @@
-"""Weight-version policies: which weights a stage's forward of a microbatch uses and its backward differentiates."""
+"""Weight-version policies: which weights a stage's forward of a microbatch uses and its backward differentiates
+(live, PipeDream's stash, 2BW's one version behind, Linear Weight Prediction)."""
 
 from __future__ import annotations
 
 import abc
+from typing import Literal
 
 import torch
 from torch import nn
@@ -138,7 +140,7 @@ class DoubleBuffered(WeightPolicy):
     iteration. The forward and the backward of u use version max(0, t - D) (version k = the weights after k
     updates), so the update of iteration t is W(t+1) = W(t) - lr·grad f(W(t-D)): D = 1 is 2BW's
     W(t+1) = W(t) - lr·grad f(W(t-1)) and D = 0 plain SGD with gradient accumulation (the live weights). The
-    schedule must have made version t - D before iteration t's first forward here (apapo_schedule.gate does).
+    schedule must have made version t - D before iteration t's first forward here (schedules.gate does).
 
     With D >= 1 the forwards run on detached copies (a version can change while its microbatches are in flight): the
     live version is copied at its first forward, or just before the optimizer steps it (before_update), and a copy
@@ -203,3 +205,103 @@ class DoubleBuffered(WeightPolicy):
 
     def needs_stash(self) -> bool:
         return self.delay > 0
+
+
+class OneVersionBehind(WeightPolicy):
+    """`sync = "bounded"`: the forwards of window t run on a copy of the weights taken when the window opens, before
+    the update of window t-1 is applied, i.e. version t-1 (version k = after k updates); the backwards of window t
+    differentiate that copy and their gradient updates the live weights. So W(t+1) = W(t) - lr · g(W(t-1)), the
+    delay of PipeDream-2BW (Narayanan et al., ICML 2021), with W(-1) = W(0). At most two copies are held: the open
+    window's and the one whose backwards still run."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__(module)
+        self.copies: dict[int, tuple[int, Weights]] = {}  # window -> (version, weights)
+        self.current = -1
+
+    def open_window(self, window: int) -> None:
+        """Copy the live weights for the forwards of `window`; drop the copies windows before window-1 used."""
+        weights = {name: p.detach().clone().requires_grad_(p.requires_grad)
+                   for name, p in self.module.named_parameters()}
+        self.copies[window] = (self.version, weights)
+        self.current = window
+        for old in [w for w in self.copies if w < window - 1]:
+            del self.copies[old]
+
+    def forward(self, mb: int) -> tuple[int, Weights | None]:
+        return self.copies[self.current]
+
+    def held(self) -> int:
+        return len(self.copies)
+
+    def needs_stash(self) -> bool:
+        return True
+
+
+# -- Linear Weight Prediction (Kosson et al., MLSys 2021): the forward runs on the weights predicted for the time its
+# backward comes, D updates later; optionally a stash of them for the backward.
+Prediction = Literal["none", "lwp_v", "lwp_w"]
+
+
+def predict_by_velocity(weights: torch.Tensor, velocity: torch.Tensor | None, lr: float, delay: int) -> torch.Tensor:
+    """lwp_v: w - lr·D·v. Momentum SGD moves the weights by -lr·v per step; D steps of the current velocity."""
+    return weights.detach().clone() if velocity is None else weights.detach() - (lr * delay) * velocity
+
+
+def predict_by_difference(weights: torch.Tensor, previous: torch.Tensor | None, delay: int) -> torch.Tensor:
+    """lwp_w: w + D·(w - w_prev). The last update, repeated D times."""
+    return weights.detach().clone() if previous is None else weights.detach() + delay * (weights.detach() - previous)
+
+
+class Predicted(WeightPolicy):
+    """A stage's forwards run on weights predicted `delay` updates ahead (when prediction is not 'none' and delay > 0),
+    or on the live weights. With `stash`, the forward's weights (predicted, or a copy of the live ones) are kept for
+    its backward, which differentiates them (the stage's `graph` mode); without, the stage's backward recomputes with
+    the weights current at backward time (`current` mode) and nothing is kept.
+
+    lwp_v reads the velocity from the stage optimizer's state ('momentum_buffer', as torch's SGD and
+    SpikeCompensatedSGD keep it) and the lr of its first parameter group; lwp_w keeps the weights before the last
+    update. Under plain momentum SGD the two are equal (w - w_prev = -lr·v); under spike compensation they differ
+    (the last update also carries b·g)."""
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, delay: int, prediction: Prediction,
+                 stash: bool):
+        super().__init__(module)
+        self.optimizer, self.delay, self.prediction, self.stash = optimizer, delay, prediction, stash
+        self._params = dict(module.named_parameters())
+        self._previous: dict[str, torch.Tensor] | None = None
+        self._kept: dict[int, Weights] = {}  # mb -> the weights its forward used (stash only)
+
+    def predicted(self) -> Weights:
+        """The weights predicted `delay` updates ahead, as detached tensors."""
+        if self.prediction == "lwp_v":
+            lr = self.optimizer.param_groups[0]["lr"]
+            return {name: predict_by_velocity(p, self.optimizer.state.get(p, {}).get("momentum_buffer"), lr,
+                                              self.delay) for name, p in self._params.items()}
+        previous = self._previous or {}
+        return {name: predict_by_difference(p, previous.get(name), self.delay) for name, p in self._params.items()}
+
+    def forward(self, mb: int) -> tuple[int, Weights | None]:
+        if self.prediction != "none" and self.delay > 0:
+            weights = self.predicted()
+        elif self.stash and self.delay > 0:
+            weights = {name: p.detach().clone() for name, p in self._params.items()}
+        else:
+            return self.version, None
+        weights = {name: w.requires_grad_(self._params[name].requires_grad) for name, w in weights.items()}
+        if self.stash:
+            self._kept[mb] = weights
+        return self.version, weights
+
+    def backward_done(self, mb: int) -> None:
+        self._kept.pop(mb, None)
+
+    def before_update(self) -> None:
+        if self.prediction == "lwp_w":
+            self._previous = {name: p.detach().clone() for name, p in self._params.items()}
+
+    def held(self) -> int:
+        return len(self._kept) + (self._previous is not None)
+
+    def needs_stash(self) -> bool:
+        return self.stash and self.delay > 0

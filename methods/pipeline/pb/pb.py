@@ -10,14 +10,14 @@ from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
-from methods.pipeline.core.executor import Microbatches
+from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.base import PipelineMethod, PipelineParams
+from methods.pipeline.core.executor import Microbatches
 from methods.pipeline.core.placement import place
-from methods.pipeline.pb.prediction import Predicted
-from methods.pipeline.core.actions import Schedule, pb_delay, pb_tick
-from methods.pipeline.pb.spike import SpikeCompensatedSGD
+from methods.pipeline.core.schedules import pb_delay, pb_tick
 from methods.pipeline.core.stage import BackwardMode
-from methods.pipeline.core.versions import WeightPolicy
+from methods.pipeline.core.versions import Predicted, WeightPolicy
+from methods.pipeline.pb.spike import SpikeCompensatedSGD
 
 
 def scaled_hyperparameters(lr: float, momentum: float, batch: int, reference_batch: int) -> tuple[float, float]:

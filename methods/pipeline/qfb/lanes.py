@@ -13,9 +13,9 @@ import torch
 
 from harness.comm.communicator import Communicator
 from harness.trace import TraceEvent
+from methods.pipeline.core.actions import Action, Op, Schedule
 from methods.pipeline.core.executor import Microbatches, ProcessExecutor, Trace, Wire
 from methods.pipeline.core.placement import Placement
-from methods.pipeline.core.actions import Action, Op, Schedule
 from methods.pipeline.core.stage import Key, Stage
 
 FORWARD_LANE, BACKWARD_LANE = 0, 1

@@ -11,16 +11,15 @@ from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
+from methods.pipeline.core.actions import Schedule
+from methods.pipeline.core.base import CodecName, PipelineMethod, PipelineParams
 from methods.pipeline.core.codecs import Codec, make_codec
 from methods.pipeline.core.interleaver import validate
-from methods.pipeline.qfb.lanes import LabelledLanes, LaneExecutor, LaneStage, SingleRankLanes
-from methods.pipeline.core.base import CodecName, PipelineMethod, PipelineParams
 from methods.pipeline.core.placement import place
-from methods.pipeline.core.actions import Action, Op, Schedule, backward_unit, forward_unit
+from methods.pipeline.core.schedules import Sync, qfb_drain, qfb_tick
+from methods.pipeline.core.versions import Live, OneVersionBehind, WeightPolicy
+from methods.pipeline.qfb.lanes import LabelledLanes, LaneExecutor, LaneStage, SingleRankLanes
 from methods.pipeline.qfb.two_step import TwoStep
-from methods.pipeline.core.versions import Live, WeightPolicy, Weights
-
-Sync = Literal["exact", "bounded"]
 
 
 class QFBParams(PipelineParams):
@@ -37,64 +36,6 @@ class QFBParams(PipelineParams):
     feedback: bool = Field(default=True, description="2-Step GC: carry what was not sent into the next message")
     sync: Sync = Field(default="exact", description="'exact': the next window's forwards wait for the update "
                                                     "(= sgd); 'bounded': they run before it, one version stale")
-
-
-def qfb_tick(stage: int, stages: int, microbatches: int, window: int, sync: Sync) -> list[Action]:
-    """Stage `stage`'s actions in runner step `window`.
-
-    exact: the forwards and the backwards of window t, merged as 1F1B merges them (S-1-s forwards first; the order
-        one lane would run them in), then the update. The lanes split the list by op (methods/pipeline/qfb/lanes.py).
-    bounded: the forwards of window t and the backwards of window t-1 (none at t = 0), one of each in turn, then the
-        update of window t-1; `qfb_drain` runs the backwards and update of the last window.
-    Microbatch m of window t is Action(..., mb=m, iteration=t)."""
-    exact = sync == "exact"
-    backward_window = window if exact else window - 1
-    warmup = min(stages - 1 - stage, microbatches) if exact else 0
-    forwards = [forward_unit(stage, stages, m, window) for m in range(microbatches)]
-    backwards = [backward_unit(stage, stages, m, backward_window) for m in range(microbatches)] \
-        if backward_window >= 0 else []
-    actions = [a for unit in forwards[:warmup] for a in unit]
-    for k in range(max(len(forwards) - warmup, len(backwards))):
-        actions += forwards[warmup + k] if warmup + k < len(forwards) else []
-        actions += backwards[k] if k < len(backwards) else []
-    return actions + ([Action(Op.UPDATE, stage)] if backwards else [])
-
-
-def qfb_drain(stage: int, stages: int, microbatches: int, last_window: int) -> list[Action]:
-    """bounded: the backwards and update of the last window, after the last step."""
-    return [a for m in range(microbatches) for a in backward_unit(stage, stages, m, last_window)] + [
-        Action(Op.UPDATE, stage)]
-
-
-class OneVersionBehind(WeightPolicy):
-    """`sync = "bounded"`: the forwards of window t run on a copy of the weights taken when the window opens, before
-    the update of window t-1 is applied, i.e. version t-1 (version k = after k updates); the backwards of window t
-    differentiate that copy and their gradient updates the live weights. So W(t+1) = W(t) - lr · g(W(t-1)), the
-    delay of PipeDream-2BW (Narayanan et al., ICML 2021), with W(-1) = W(0). At most two copies are held: the open
-    window's and the one whose backwards still run."""
-
-    def __init__(self, module: nn.Module):
-        super().__init__(module)
-        self.copies: dict[int, tuple[int, Weights]] = {}  # window -> (version, weights)
-        self.current = -1
-
-    def open_window(self, window: int) -> None:
-        """Copy the live weights for the forwards of `window`; drop the copies windows before window-1 used."""
-        weights = {name: p.detach().clone().requires_grad_(p.requires_grad)
-                   for name, p in self.module.named_parameters()}
-        self.copies[window] = (self.version, weights)
-        self.current = window
-        for old in [w for w in self.copies if w < window - 1]:
-            del self.copies[old]
-
-    def forward(self, mb: int) -> tuple[int, Weights | None]:
-        return self.copies[self.current]
-
-    def held(self) -> int:
-        return len(self.copies)
-
-    def needs_stash(self) -> bool:
-        return True
 
 
 class QFB(PipelineMethod):
