@@ -15,6 +15,7 @@ from torch import nn
 from harness.comm.communicator import Communicator
 from harness.data.tensors import Batch, TensorData
 from harness.data.workload import Instance
+from harness.trace import StepSchedule
 
 
 class TrainParams(BaseModel):
@@ -120,6 +121,13 @@ class Method(abc.ABC):
         asks too much: 'world_size' or a parameter's name, the reason in one line). `model()` builds the model on
         the meta device (blocks and layers, no storage, no data); suite validation calls this after
         check_world_size, for workloads that give a model without data. Default: no requirement."""
+        return None
+
+    @classmethod
+    def step_schedule(cls, stages: int, microbatches: int) -> StepSchedule | None:
+        """A pipeline's steady-state step at `stages` stages (one per rank) and `microbatches` microbatches, the very
+        actions its executor runs, for `dtbench project` to simulate at shapes no run had. Default None: the method
+        has no schedule the projection can re-shape."""
         return None
 
     @abc.abstractmethod

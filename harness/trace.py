@@ -3,13 +3,52 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
 
 #: Actions that occupy a stage's compute; the others are waits (receives) or hand-overs (sends).
 COMPUTE_OPS = ("forward", "backward", "update")
 #: Collectives between a stage's replicas: time spent in them is neither compute nor a point-to-point wait.
 SYNC_OPS = ("sync_grads",)
 WAIT_OPS = ("recv_act", "recv_grad")
+
+
+#: A message between stages: (kind 'act' or 'grad', the sending stage, iteration, microbatch). The executors, the
+#: schedule checker and the projection's simulator all key messages this way.
+Message = tuple[str, int, int, int]
+_KINDS = {"send_act": ("act", 0), "recv_act": ("act", -1), "send_grad": ("grad", 0), "recv_grad": ("grad", 1)}
+
+
+def message_key(op: str, stage: int, iteration: int, mb: int) -> Message | None:
+    """The message a send or receive of `stage` handles (an activation received at s was sent by s-1, a gradient
+    by s+1); None for other ops."""
+    if op not in _KINDS:
+        return None
+    kind, offset = _KINDS[op]
+    return (kind, stage + offset, iteration, mb)
+
+
+class ScheduledAction(Protocol):
+    """What the harness reads of a method's schedule action: the op (a TraceEvent op, or a str enum of one), its
+    stage, microbatch (None for an update) and iteration."""
+
+    @property
+    def op(self) -> str: ...
+    @property
+    def stage(self) -> int: ...
+    @property
+    def mb(self) -> int | None: ...
+    @property
+    def iteration(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    """One step of a pipeline's schedule in its steady state, one action list per rank (one stage each), exactly as
+    its executor runs it; the next step's microbatch ids are these plus `shift` (an update keeps none)."""
+
+    ranks: Sequence[Sequence[ScheduledAction]]
+    shift: int
 
 
 class TraceEvent(NamedTuple):

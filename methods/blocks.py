@@ -31,19 +31,6 @@ def too_few(parts: int, kind: str, have: int, unit: str = "blocks") -> str:
     return f"{parts} {kind} need at least {parts} {unit}, but the workload's model has {have}"
 
 
-def uniform_split(num_blocks: int, parts: int) -> list[tuple[int, int]]:
-    """`parts` contiguous [start, end) ranges of sizes as equal as possible; earlier parts take the extra blocks."""
-    if not 1 <= parts <= num_blocks:
-        raise ValueError(f"cannot cut {num_blocks} blocks into {parts} parts (need 1 <= parts <= blocks)")
-    base, extra = divmod(num_blocks, parts)
-    ranges, start = [], 0
-    for index in range(parts):
-        end = start + base + (1 if index < extra else 0)
-        ranges.append((start, end))
-        start = end
-    return ranges
-
-
 @torch.no_grad()
 def output_shapes(blocks: Sequence[nn.Module], example: torch.Tensor) -> list[tuple[int, ...]]:
     """The per-sample output shape (no batch dimension) of every block, from one eval-mode pass of `example`

@@ -8,7 +8,8 @@ from torch import nn
 
 from harness.comm.communicator import Communicator
 from harness.data.tensors import TensorData
-from methods.blocks import classifier_sums, default_parts, evaluate_chain, output_shapes, uniform_split
+from harness.toolkit import uniform_split
+from methods.blocks import classifier_sums, default_parts, evaluate_chain, output_shapes
 
 
 def test_default_parts_is_one_per_rank_or_two_in_the_virtual_mode():

@@ -7,7 +7,7 @@ import torch
 
 from _dist import context, spawn
 from harness.data.tensors import Batch, DataOrder
-from harness.run.training import evaluate_classifier
+from harness.toolkit import evaluate_classifier
 
 
 def _make(name, rank=0, world_size=1, params=None, records=None):

@@ -1,5 +1,5 @@
 """The projection's formulas on hand-computed cases: links and collectives, DDP's buckets (against torch's), the
-data-parallel step with overlap and compression, block-cost interpolation, and generated pipeline orders."""
+data-parallel step with overlap and compression, and block-cost interpolation."""
 
 from __future__ import annotations
 
@@ -19,8 +19,6 @@ from harness.project.links import (
     ring_all_gather_s,
     ring_all_reduce_s,
 )
-from harness.project.orders import gpipe_order, one_f_one_b_order, pipedream_order
-from harness.project.pipemodel import uniform_ranges
 from harness.project.profile import BlockCosts, default_batch_sizes
 
 LINK = Link("test", bandwidth=100.0, alpha_s=0.01)  # 100 bytes/s, 10 ms per message
@@ -134,33 +132,6 @@ def test_block_costs_interpolate_linearly_and_flag_extrapolation():
     assert costs.at(1)[0] == pytest.approx([0.5, 5.0])
     assert BlockCosts.from_dict(costs.to_dict()) == costs
     assert default_batch_sizes(48, [24]) == [1, 2, 4, 8, 16, 24, 32, 48]
-
-
-def test_uniform_ranges_equal_the_pipelines_uniform_split():
-    from methods.blocks import uniform_split
-
-    for blocks in range(1, 9):
-        for stages in range(1, blocks + 1):
-            assert uniform_ranges(blocks, stages) == uniform_split(blocks, stages)
-
-
-def _compute_and_messages(actions: list[tuple[str, int]]) -> list[tuple[str, int]]:
-    return [(op, mb) for op, mb in actions if op != "update"]
-
-
-@pytest.mark.parametrize(("stages", "microbatches"), [(1, 3), (2, 4), (3, 2), (4, 6), (3, 5)])
-def test_generated_orders_equal_the_pipeline_schedules(stages, microbatches):
-    from methods.pipeline.core import schedules as schedule
-
-    for name, ours in (("gpipe", gpipe_order), ("one_f_one_b", one_f_one_b_order)):
-        theirs = getattr(schedule, name)(stages, microbatches)
-        for s in range(stages):
-            expected = [(a.op.value, a.mb) for a in theirs[s] if a.op.value != "update"]
-            assert _compute_and_messages(ours(s, stages, microbatches)) == expected, (name, s)
-    for s in range(stages):
-        tick = stages + 2
-        expected = [(a.op.value, a.mb) for a in schedule.pipedream_tick(s, stages, tick) if a.op.value != "update"]
-        assert _compute_and_messages(pipedream_order(s, stages, tick)) == expected
 
 
 def test_a_burst_shortens_each_collective_by_the_tokens_that_refilled_since_the_last():

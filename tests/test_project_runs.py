@@ -13,8 +13,7 @@ import pytest
 from harness.cli import main
 from harness.project.dpmodel import DataParallelModel
 from harness.project.links import link_of
-from harness.project.orders import StageCosts, pipeline_tasks
-from harness.project.pipemodel import SIMULATED_STEPS, PipelineModel
+from harness.project.pipemodel import SIMULATED_STEPS, PipelineModel, StageCosts, pipeline_tasks
 from harness.project.profile import BlockCosts
 from harness.project.simulate import period_s, simulate
 from harness.project.suite import PROFILES_FILE, Settings, calibrate_suite

@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.project.links import Link
-from harness.project.orders import StageCosts, pipeline_tasks
-from harness.project.pipemodel import FREE
+from harness.project.pipemodel import FREE, StageCosts, pipeline_tasks
 from harness.project.simulate import Task, period_s, simulate, simulated_bubble, step_ends
 from harness.trace import ideal_bubble
 

@@ -22,10 +22,10 @@ from harness.results import read_jsonl
 from harness.run import checkpoint
 from harness.run.loop import Loop
 from harness.run.schedule import LrSchedule
-from harness.run.training import make_sgd
 from harness.suite.expand import expand_suite
 from harness.suite.files import FileError
 from harness.suite.spec import Budget
+from harness.toolkit import make_sgd
 
 STEPS = 60  # digits-mlp at batch 32: 44 steps per epoch
 #: digits-mlp with a budget of time alone (a workload referenced by path from a suite)

@@ -1,6 +1,7 @@
 """The pipeline cost model of one configuration: its traced step (actions, measured durations, message sizes) run
-through the simulator on other links, or, for gpipe, 1f1b and pipedream, a generated order at other stage counts,
-batch and microbatch sizes with per-block costs; calibrated on its measured runs."""
+through the simulator on other links, or, for a method that gives its steady-state step (Method.step_schedule: gpipe,
+1f1b, pipedream), that very schedule at other stage counts, batch and microbatch sizes with per-block costs;
+calibrated on its measured runs."""
 
 from __future__ import annotations
 
@@ -13,25 +14,69 @@ from harness.project.dataparallel import StepParts
 from harness.project.links import Link
 from harness.project.measured import RunMeasure
 from harness.project.model import Projected
-from harness.project.orders import GENERATED, StageCosts, pipeline_tasks
 from harness.project.profile import BlockCosts
 from harness.project.simulate import SENDS, Task, busy_s, period_s, simulate, simulated_bubble
+from harness.toolkit import uniform_split
+from harness.trace import StepSchedule
 
 #: Consecutive steps simulated to reach the steady state (the period is taken over the second half).
 SIMULATED_STEPS = 8
 FREE = Link("free", math.inf, 0.0)
 
 
-def uniform_ranges(blocks: int, stages: int) -> list[tuple[int, int]]:
-    """`stages` contiguous [start, end) block ranges as equal as possible, earlier stages taking the extra blocks
-    (the pipelines' 'uniform' partition)."""
-    base, extra = divmod(blocks, stages)
-    ranges, start = [], 0
-    for index in range(stages):
-        end = start + base + (1 if index < extra else 0)
-        ranges.append((start, end))
-        start = end
-    return ranges
+@dataclass(frozen=True)
+class StageCosts:
+    """One stage's costs per microbatch: forward, backward and update seconds, a send's local seconds, and
+    output_bytes, the activation it sends forward (its gradient comes back with the same size)."""
+
+    forward_s: float
+    backward_s: float
+    update_s: float
+    send_s: float
+    output_bytes: float
+
+
+def step_schedule(method: str, stages: int, microbatches: int) -> StepSchedule | None:
+    """The registered method's own steady-state step (None: it gives none the projection can re-shape)."""
+    from harness import registry
+
+    try:
+        cls = registry.METHODS.get(method)
+    except (KeyError, ValueError):
+        return None
+    return cls.step_schedule(stages, microbatches)
+
+
+def forwards_per_step(step: StepSchedule) -> int:
+    """How many microbatches (or minibatches) the first stage runs forward per step: the batch over the
+    microbatch size."""
+    return max(1, sum(getattr(a.op, "value", a.op) == "forward" for a in step.ranks[0]))
+
+
+def schedule_tasks(step: StepSchedule, stages: Sequence[StageCosts], steps: int) -> list[list[Task]]:
+    """The step's actions as tasks with `stages`' costs (rank r runs stage r), repeated for `steps` steps. A send's
+    bytes: an activation is its stage's output; a gradient sent back by stage s has the size of stage s-1's."""
+    template = []
+    for actions in step.ranks:
+        tasks = []
+        for a in actions:
+            op, cost = getattr(a.op, "value", a.op), stages[a.stage]
+            duration = {"forward": cost.forward_s, "backward": cost.backward_s, "update": cost.update_s,
+                        "send_act": cost.send_s, "send_grad": cost.send_s}.get(op, 0.0)
+            nbytes = {"send_act": cost.output_bytes,
+                      "send_grad": stages[a.stage - 1].output_bytes if a.stage else 0.0}.get(op, 0.0)
+            tasks.append(Task(op, a.stage, -1 if a.mb is None else a.mb, duration, nbytes, a.iteration))
+        template.append(tasks)
+    return repeat(template, steps, step.shift)
+
+
+def pipeline_tasks(method: str, stages: Sequence[StageCosts], microbatches: int, steps: int) -> list[list[Task]]:
+    """Per rank (one stage each), the tasks of `steps` consecutive steps of the method's own schedule; ValueError
+    when the method gives none."""
+    step = step_schedule(method, len(stages), microbatches)
+    if step is None:
+        raise ValueError(f"{method}: its method gives no schedule to re-shape (Method.step_schedule)")
+    return schedule_tasks(step, stages, steps)
 
 
 def repeat(template: Sequence[Sequence[Task]], steps: int, shift: int) -> list[list[Task]]:
@@ -95,21 +140,23 @@ class PipelineModel:
 
     def generated(self, world_size: int, batch: int, microbatches: int,
                   ranges: Sequence[tuple[int, int]] | None) -> tuple[list[list[Task]], list[str]]:
-        """Tasks of a generated order (one stage per rank) and notes; ValueError when none can be made."""
-        if self.method not in GENERATED:
-            raise ValueError(f"{self.method}: no generated order at another shape (only {', '.join(GENERATED)})")
+        """Tasks of the method's own schedule at this shape (one stage per rank) and notes; ValueError when none can
+        be made."""
+        step = step_schedule(self.method, world_size, microbatches)
+        if step is None:
+            raise ValueError(f"{self.method}: its method gives no schedule to re-shape (Method.step_schedule)")
         if self.profile is None or not self.forward_scale:
             raise ValueError("no block costs to re-shape the pipeline")
         if ranges is None:
             if world_size > self.profile.blocks:
                 raise ValueError(f"{world_size} stages need at least {world_size} blocks "
                                  f"(the model has {self.profile.blocks})")
-            ranges = uniform_ranges(self.profile.blocks, world_size)
-        count = 1 if self.method == "pipedream" else microbatches
+            ranges = uniform_split(self.profile.blocks, world_size)
+        count = forwards_per_step(step)
         stages, extrapolated = self.stage_costs(ranges, batch / count)
         notes = [f"microbatch {batch / count:g} outside the profiled sizes: compute extrapolated"] if extrapolated \
             else []
-        return pipeline_tasks(self.method, stages, count, SIMULATED_STEPS), notes
+        return schedule_tasks(step, stages, SIMULATED_STEPS), notes
 
     def project(self, world_size: int, link: Link, batch: int | None = None, microbatches: int | None = None,
                 ranges: list[tuple[int, int]] | None = None) -> Projected:
@@ -189,7 +236,8 @@ def calibrate_pipeline(measures: Sequence[RunMeasure], profile: BlockCosts | Non
         model.notes.append("no block costs matching the partition: projections keep the traced shape")
         return model
     fit_blocks(model, first, profile)
-    if model.method in GENERATED and len(set(model.ranges)) == len(model.ranges) == model.world_size:
+    if step_schedule(model.method, model.world_size, model.microbatches) is not None and \
+            len(set(model.ranges)) == len(model.ranges) == model.world_size:
         ranks, _ = model.generated(model.world_size, model.batch_size, model.microbatches, model.ranges)
         model.generated_overhead_s = measured - run_tasks(ranks, link)[0]
     return model
@@ -200,7 +248,8 @@ def fit_blocks(model: PipelineModel, measure: RunMeasure, profile: BlockCosts) -
     profiled sum at that microbatch), update seconds spread over a stage's blocks by parameter bytes, the median
     send's local seconds, and the measured bytes per message over the profiled activation bytes."""
     durations = measure.durations()
-    count = 1 if model.method == "pipedream" else model.microbatches
+    step = step_schedule(model.method, len(model.ranges), model.microbatches)
+    count = forwards_per_step(step) if step is not None else model.microbatches
     microbatch = model.batch_size / count
     forward, backward, _ = profile.at(microbatch)
     blocks = profile.blocks

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.project.links import Link, TokenBucket, ring_all_reduce_s, shaped_seconds
-from harness.trace import COMPUTE_OPS, TraceEvent, step_bubble
+from harness.trace import COMPUTE_OPS, Message, TraceEvent, message_key, step_bubble
 
 SENDS = {"send_act": "act", "send_grad": "grad"}
 RECEIVES = {"recv_act": "act", "recv_grad": "grad"}
@@ -28,15 +28,13 @@ class Task:
     step: int = 0
 
     @property
-    def message(self) -> tuple[str, int, int, int]:
-        """(kind, receiving stage, iteration, microbatch): an activation from stage s goes to stage s+1, a gradient
-        from stage s to stage s-1; a receive names its own stage."""
-        if self.op in SENDS:
-            kind = SENDS[self.op]
-            return kind, self.stage + 1 if kind == "act" else self.stage - 1, self.iteration, self.mb
-        if self.op in RECEIVES:
-            return RECEIVES[self.op], self.stage, self.iteration, self.mb
-        raise ValueError(f"{self.op} is not a send or a receive")
+    def message(self) -> Message:
+        """The message a send or receive handles, keyed as the executors key it (harness.trace.message_key: kind,
+        sending stage, iteration, microbatch)."""
+        key = message_key(self.op, self.stage, self.iteration, self.mb)
+        if key is None:
+            raise ValueError(f"{self.op} is not a send or a receive")
+        return key
 
 
 @dataclass(frozen=True)

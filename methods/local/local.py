@@ -12,7 +12,7 @@ from torch import nn
 from harness.comm.channel import Receiver, Sender
 from harness.data.tensors import Batch, TensorData
 from harness.method import EvalResult, Method, RunContext, StepStats, TrainParams
-from harness.run.training import make_sgd
+from harness.toolkit import make_sgd
 from methods.blocks import classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
 from methods.local.parts import chunk_ranges, make_head, path_ranges
 

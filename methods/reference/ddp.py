@@ -7,7 +7,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, TrainParams
-from harness.run.training import make_sgd
+from harness.toolkit import make_sgd
 from methods.reference.whole_model import WholeModelMethod
 
 

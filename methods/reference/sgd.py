@@ -6,7 +6,7 @@ import torch
 
 from harness.data.tensors import Batch
 from harness.method import RunContext
-from harness.run.training import make_sgd
+from harness.toolkit import make_sgd
 from methods.reference.whole_model import WholeModelMethod
 
 

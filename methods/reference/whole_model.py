@@ -10,7 +10,7 @@ from torch import nn
 
 from harness.data.tensors import Batch, TensorData
 from harness.method import EvalResult, Method, StepStats
-from harness.run.training import evaluate_classifier
+from harness.toolkit import evaluate_classifier
 
 
 class WholeModelMethod(Method):

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from harness.data.tensors import Batch, TensorData
 from harness.method import EvalResult, Method, RunContext, StepStats, TrainParams
-from harness.run.training import evaluate_classifier, make_sgd
+from harness.toolkit import evaluate_classifier, make_sgd
 
 
 class ClippedParams(TrainParams):

@@ -13,7 +13,8 @@ from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
-from methods.blocks import VIRTUAL_DEFAULT_PARTS, too_few, uniform_split
+from harness.toolkit import uniform_split
+from methods.blocks import VIRTUAL_DEFAULT_PARTS, too_few
 from methods.pipeline.apapo import antichain, layers
 from methods.pipeline.apapo.hardware import hardware_for
 from methods.pipeline.core import schedules

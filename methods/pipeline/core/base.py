@@ -15,7 +15,7 @@ from torch import nn
 from harness.comm.communicator import Communicator
 from harness.data.tensors import Batch, TensorData
 from harness.method import EvalResult, Method, RunContext, StepStats, TrainParams
-from harness.run.training import make_sgd
+from harness.toolkit import make_sgd
 from harness.trace import busy_s, span_s, wait_s
 from harness.trace_export import write_chrome_trace
 from methods.blocks import classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few

@@ -5,28 +5,19 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from harness.trace import Message, message_key
 from methods.pipeline.core.actions import Action, Op, Schedule
 from methods.pipeline.core.placement import Placement
 
+
 #: A message between stages: (kind 'act' or 'grad', the sending stage, iteration, microbatch).
-Message = tuple[str, int, int, int]
-
-
 class Deadlock(RuntimeError):
     """Raised when no worker can make progress: each waits for a message or collective that never comes."""
 
 
 def message_of(action: Action) -> Message | None:
     """The message a send or receive handles; None for other actions."""
-    if action.op is Op.SEND_ACT:
-        return ("act", action.stage, action.iteration, action.mb)
-    if action.op is Op.RECV_ACT:
-        return ("act", action.stage - 1, action.iteration, action.mb)
-    if action.op is Op.SEND_GRAD:
-        return ("grad", action.stage, action.iteration, action.mb)
-    if action.op is Op.RECV_GRAD:
-        return ("grad", action.stage + 1, action.iteration, action.mb)
-    return None
+    return message_key(action.op.value, action.stage, action.iteration, action.mb)  # type: ignore[arg-type]
 
 
 def destination_stage(message: Message) -> int:

@@ -14,9 +14,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from harness.trace import COMPUTE_OPS, parse_events
-
-Message = tuple[str, int, int, int]  # (kind, sending stage, iteration, microbatch), as interleaver.Message
+from harness.trace import COMPUTE_OPS, Message, parse_events
 
 
 class ArrivalWatch:

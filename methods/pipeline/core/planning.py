@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from harness.comm.communicator import Communicator
-from methods.blocks import uniform_split
+from harness.toolkit import uniform_split
 from methods.pipeline.core import block_profile as profiler
 from methods.pipeline.core import partitioner
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
+from harness.trace import StepSchedule
 from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.base import PipelineMethod, PipelineParams
 from methods.pipeline.core.interleaver import validate
@@ -99,6 +100,12 @@ class ExchangedPipeline(FlushedPipeline):
             if params.stages is not None and params.stages != world_size:
                 return f"exchange = 'fused' needs one stage per rank, got {params.stages} stages on {world_size} ranks"
         return super().check_world_size(world_size, params)
+
+    @classmethod
+    def step_schedule(cls, stages: int, microbatches: int) -> StepSchedule:
+        """One minibatch of `make_schedule` (what rank_schedule places, one stage per rank); the next minibatch's
+        microbatches are numbered M on."""
+        return StepSchedule(cls.make_schedule(stages, microbatches), shift=microbatches)
 
     def executor_options(self) -> dict[str, Any]:
         return {"overlap": self.ctx.params.exchange == "prepost"}

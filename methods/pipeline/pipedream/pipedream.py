@@ -11,6 +11,7 @@ from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
+from harness.trace import StepSchedule
 from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.base import PipelineMethod, PipelineParams
 from methods.pipeline.core.placement import place
@@ -71,13 +72,23 @@ class PipeDream(PipelineMethod):
     def _placed(self, per_stage) -> Schedule:
         return place([per_stage(s, self.placement.replicas(s)) for s in range(self.num_stages)], self.placement)
 
+    def tick_schedule(self, t: int) -> Schedule:
+        """Tick t of every stage, placed on the ranks."""
+        return self._placed(lambda s, r: pipedream_tick(s, self.num_stages, t, r))
+
+    @classmethod
+    def step_schedule(cls, stages: int, microbatches: int) -> StepSchedule:
+        """Tick S-1, the first with a backward at every stage (one stage per rank, no replicas); tick S-1+k is it
+        with every minibatch id plus k. `microbatches` is ignored: a minibatch is PipeDream's unit."""
+        return StepSchedule([pipedream_tick(s, stages, stages - 1) for s in range(stages)], shift=1)
+
     def train_step(self, batch: Batch) -> StepStats:
         t = batch.step
         self.ticks = t + 1
         views = self.views(batch, [len(batch)], [t])
         for view in views.values():  # the gradients arriving now belong to earlier minibatches of the same size
             view.sizes.update({(0, m): len(batch) for m in range(max(0, t - self.num_stages), t)})
-        return self.run(self._placed(lambda s, r: pipedream_tick(s, self.num_stages, t, r)), views, t)
+        return self.run(self.tick_schedule(t), views, t)
 
     def end_training(self) -> None:
         ticks, size = self.ticks, self.ctx.params.batch_size

@@ -1,4 +1,5 @@
-"""Training helpers that methods share: the optimizer from TrainParams and a sharded classifier evaluation."""
+"""What methods share beyond the contract: the optimizer from TrainParams, a sharded classifier evaluation, and
+the even split of a model's blocks (pipelines, Local Parallelism and the projection cut models the same way)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,16 @@ def evaluate_classifier(model: nn.Module, test: TensorData, loss_fn: Callable[..
     if shard and comm.world_size > 1:
         comm.all_reduce(totals, "eval")
     return EvalResult(accuracy=float(totals[0]) / n, loss=float(totals[1]) / n)
+
+
+def uniform_split(num_blocks: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` contiguous [start, end) ranges of sizes as equal as possible; earlier parts take the extra blocks."""
+    if not 1 <= parts <= num_blocks:
+        raise ValueError(f"cannot cut {num_blocks} blocks into {parts} parts (need 1 <= parts <= blocks)")
+    base, extra = divmod(num_blocks, parts)
+    ranges, start = [], 0
+    for index in range(parts):
+        end = start + base + (1 if index < extra else 0)
+        ranges.append((start, end))
+        start = end
+    return ranges
