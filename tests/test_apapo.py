@@ -104,7 +104,6 @@ def test_every_forward_and_backward_uses_version_t_minus_one_action_by_action():
     for t in range(6):
         schedule = method.segment(t)
         views = method.views(Batch(t, 0.0, order.batch(t), data, 0), [16, 16], [2 * t, 2 * t + 1], iteration=t)
-        method._sizes(views, t)
         for rank, trace in enumerate(method.executor.run(schedule, views)):
             for e in trace.events:
                 if e.op in ("forward", "backward"):

@@ -109,7 +109,7 @@ class _Half(Compressor):
 
 
 def _half_steps(rank, world_size, steps):
-    from methods.compression.method import CompressedDDP
+    from methods.compression.compressed_ddp import CompressedDDP
 
     class HalfDDP(CompressedDDP):
         name = "half"

@@ -4,8 +4,8 @@ method's own steps action for action, and the messages the simulator pairs are t
 from __future__ import annotations
 
 import pytest
-from _dist import context
 
+from _dist import context
 from harness.project.pipemodel import StageCosts, pipeline_tasks
 from harness.trace import message_key
 from methods.pipeline.core.interleaver import message_of

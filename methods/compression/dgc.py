@@ -11,8 +11,8 @@ from pydantic import Field
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
+from methods.compression.compressed_ddp import CompressedDDP, CompressionParams
 from methods.compression.core import Compressed, Compressor, Memory
-from methods.compression.method import CompressedDDP, CompressionParams
 
 #: Warm-up densities (the paper's sparsities 75%, 93.75%, 98.4375%, 99.6%, 99.9%), equal shares of the warm-up.
 WARMUP_DENSITIES = (0.25, 0.0625, 0.015625, 0.004, 0.001)

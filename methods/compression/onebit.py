@@ -8,8 +8,8 @@ import torch
 from pydantic import Field
 
 from methods.bits import byte_codes, pack_bits_, round_up
+from methods.compression.compressed_ddp import CompressedDDP, CompressionParams
 from methods.compression.core import Compressed, Compressor, ErrorFeedback, Memory
-from methods.compression.method import CompressedDDP, CompressionParams
 from methods.compression.packing import Scratch, flat_fp32
 
 

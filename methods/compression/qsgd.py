@@ -10,8 +10,8 @@ from pydantic import Field, model_validator
 from harness.data.tensors import Batch
 from harness.method import StepStats
 from methods.bits import pack_bits_, unpack_bits
+from methods.compression.compressed_ddp import CompressedDDP, CompressionParams
 from methods.compression.core import Compressed, Compressor
-from methods.compression.method import CompressedDDP, CompressionParams
 
 
 def elias_gamma_bits(values: torch.Tensor) -> int:

@@ -11,8 +11,8 @@ from pydantic import Field
 
 from harness.comm.communicator import Communicator
 from methods.bits import byte_codes, pack_bits_, round_up
+from methods.compression.compressed_ddp import CompressedDDP, CompressionParams
 from methods.compression.core import Compressed, Compressor
-from methods.compression.method import CompressedDDP, CompressionParams
 from methods.compression.packing import Scratch, flat_fp32
 
 #: 2-bit codes: 0 -> 0, 1 -> +s, 2 -> -s (3 is never produced and decodes to 0).

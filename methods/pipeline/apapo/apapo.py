@@ -235,20 +235,11 @@ class APapo(PipelineMethod):
         if check.in_flight:
             raise RuntimeError(f"apapo's schedule leaves messages unreceived: {sorted(check.in_flight)}")
 
-    def _sizes(self, views: dict, before: int) -> None:
-        """Receive buffers of earlier iterations' microbatches (every minibatch has batch_size samples)."""
-        m = self.ctx.params.microbatches
-        sizes = [len(p) for p in torch.tensor_split(torch.arange(self.ctx.params.batch_size), m)]
-        for view in views.values():
-            for t in range(max(0, before - self.num_stages - self.delay - 1), before):
-                view.sizes.update({(t, t * m + j): sizes[j] for j in range(m)})
-
     def train_step(self, batch: Batch) -> StepStats:
         t, m = batch.step, self.ctx.params.microbatches
         self.iterations = t + 1
         sizes = [len(part) for part in torch.tensor_split(batch.indices, m)]
         views = self.views(batch, sizes, [t * m + j for j in range(m)], iteration=t)
-        self._sizes(views, t)
         stats = self.run(self.segment(t), views, t)
         if self.watch is not None:
             arrived = self.watch.take()
@@ -259,9 +250,7 @@ class APapo(PipelineMethod):
 
     def end_training(self) -> None:
         t, m = self.iterations, self.ctx.params.microbatches
-        views = self.views(Batch(t, 0.0, torch.zeros(0, dtype=torch.long), self.ctx.workload.train), [], [], t)
-        self._sizes(views, t)
-        self.run(self._placed(lambda s: schedules.apapo_drain(s, self.num_stages, m, self.delay, t)), views, -1)
+        self.drain(self._placed(lambda s: schedules.apapo_drain(s, self.num_stages, m, self.delay, t)))
 
     def finish(self) -> None:
         """As every pipeline, then (rank 0) the overlap accounting of the traced steps into partition.json."""

@@ -22,7 +22,7 @@ from methods.blocks import classifier_sums, default_parts, eval_mode, evaluate_c
 from methods.pipeline.core import planning
 from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.codecs import Codec, make_codec
-from methods.pipeline.core.executor import Microbatches, ProcessExecutor, Trace, VirtualExecutor, Wire
+from methods.pipeline.core.executor import Microbatches, ProcessExecutor, Sizes, Trace, VirtualExecutor, Wire
 from methods.pipeline.core.placement import Placement
 from methods.pipeline.core.stage import BackwardMode, Stage
 from methods.pipeline.core.versions import WeightPolicy
@@ -260,6 +260,11 @@ class PipelineMethod(Method):
         loss = sum(st.take_loss() for st in last) if last else None
         return StepStats(loss=loss, extra={**self._step_extra(traces), **self._memory()})
 
+    def drain(self, schedule: Schedule) -> StepStats:
+        """Run the actions that complete what is still in flight after the last step (no new microbatch enters):
+        the asynchronous pipelines' cool-down, so every minibatch of the budget is applied."""
+        return self.run(schedule, self.views(None, [], []), -1)
+
     def _add_times(self, trace: Trace) -> None:
         for event in trace.events:
             times = self.times[event.stage]
@@ -289,22 +294,31 @@ class PipelineMethod(Method):
         return {"stages": order, "peak_activation_bytes": [peaks[s][0] for s in order],
                 "peak_microbatches": [peaks[s][1] for s in order], "peak_weight_bytes": [peaks[s][2] for s in order]}
 
-    def views(self, batch: Batch, sizes: list[int], ids: list[int], iteration: int = 0) -> dict[int, Microbatches]:
+    def minibatch_split(self) -> list[int]:
+        """The sizes of a full minibatch's M consecutive microbatches (M = the params' `microbatches`, else 1): the
+        size of every message of a microbatch cut in an earlier step (executor.Sizes)."""
+        count = getattr(self.ctx.params, "microbatches", 1)
+        return [len(part) for part in torch.tensor_split(torch.arange(self.ctx.params.batch_size), count)]
+
+    def views(self, batch: Batch | None, sizes: list[int], ids: list[int], iteration: int = 0
+              ) -> dict[int, Microbatches]:
         """Each local stage's view of a step's microbatches: consecutive slices of the batch of `sizes` samples,
         numbered `ids` in `iteration`. The first stage gets the inputs and the last the labels and loss scales (each
-        microbatch's share of the batch), of the microbatches this rank owns (all of them in the virtual mode)."""
+        microbatch's share of the batch), of the microbatches this rank owns (all of them in the virtual mode).
+        Microbatches of earlier steps have the sizes of a full minibatch's split; `batch` None: no new ones."""
         mine = range(self.num_stages) if self.virtual else self.placement.stages_of(self.ctx.rank)
         keys = [(iteration, i) for i in ids]
         starts = [sum(sizes[:k]) for k in range(len(sizes))]
+        split = self.minibatch_split()
         out = {}
         for s in mine:
-            view = Microbatches(sizes=dict(zip(keys, sizes, strict=True)))
+            view = Microbatches(sizes=Sizes(dict(zip(keys, sizes, strict=True)), split))
             owned = [k for k, key in enumerate(keys)
                      if self.virtual or self.placement.owner(s, key[1]) == self.ctx.rank]
-            if s == 0 and owned:
+            if s == 0 and owned and batch is not None:
                 x = batch.inputs().to(self.ctx.device)
                 view.inputs = {keys[k]: x[starts[k]:starts[k] + sizes[k]] for k in owned}
-            if s == self.num_stages - 1 and owned:
+            if s == self.num_stages - 1 and owned and batch is not None:
                 y = batch.targets().to(self.ctx.device)
                 view.targets = {keys[k]: y[starts[k]:starts[k] + sizes[k]] for k in owned}
                 view.scales = {keys[k]: sizes[k] / len(batch) for k in owned}

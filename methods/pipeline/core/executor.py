@@ -22,12 +22,25 @@ from methods.pipeline.core.stage import Key, Stage
 CATEGORY = {"act": "activations", "grad": "activation_grads"}
 
 
+class Sizes(dict):
+    """Microbatch sizes by (iteration, mb): those of the step's own microbatches, and for any other (one cut in an
+    earlier step, whose activation or gradient arrives now) the core's one rule: microbatch mb % M of a full
+    minibatch cut into M consecutive slices (`split`)."""
+
+    def __init__(self, given: Mapping[Key, int], split: Sequence[int]):
+        super().__init__(given)
+        self.split = list(split)
+
+    def __missing__(self, key: Key) -> int:
+        return self.split[key[1] % len(self.split)]
+
+
 @dataclass
 class Microbatches:
     """What one stage needs of the microbatches of a step, keyed by (iteration, mb): their sizes, the inputs (first
     stage), the labels and loss scales (last stage). A rank loads only the microbatches it owns."""
 
-    sizes: dict[Key, int]
+    sizes: Mapping[Key, int]
     inputs: dict[Key, torch.Tensor] = field(default_factory=dict)
     targets: dict[Key, torch.Tensor] = field(default_factory=dict)
     scales: dict[Key, float] = field(default_factory=dict)

@@ -52,7 +52,7 @@ class _SavedBytes:
 
 
 @dataclass
-class Memory:
+class HeldBytes:
     """What a stage held at its peak since the last reset: activation bytes kept for backwards (autograd's saved
     tensors, or the stored inputs in `current` mode), microbatches in flight, and weight bytes of versions held
     besides the live weights (stashes, predictions)."""
@@ -81,7 +81,7 @@ class Stage:
         self._saved: dict[Key, _Saved] = {}
         self.loss_sum = 0.0  # the loss accumulated by the last stage since the last `take_loss`
         self.backwards_since_update = 0
-        self.peak = Memory()
+        self.peak = HeldBytes()
 
     # -- forward and backward -------------------------------------------------------------------------------------
     def forward(self, key: Key, x: torch.Tensor, y: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
@@ -194,21 +194,21 @@ class Stage:
     def in_flight(self) -> int:
         return len(self._saved)
 
-    def held(self) -> Memory:
+    def held(self) -> HeldBytes:
         """What the stage holds now for backwards still to come (a snapshot of the saved microbatches, taken in one
         step, so that another thread may add or remove one meanwhile)."""
         saved = list(self._saved.values())
         weights = {id(s.weights) for s in saved if s.weights is not None}
         versions = max(len(weights), self.policy.held())
-        return Memory(sum(s.activation_bytes for s in saved), len(saved), versions * self.param_bytes)
+        return HeldBytes(sum(s.activation_bytes for s in saved), len(saved), versions * self.param_bytes)
 
     def _note_memory(self) -> None:
         now = self.held()
-        self.peak = Memory(max(self.peak.activation_bytes, now.activation_bytes),
+        self.peak = HeldBytes(max(self.peak.activation_bytes, now.activation_bytes),
                            max(self.peak.microbatches, now.microbatches),
                            max(self.peak.weight_bytes, now.weight_bytes))
 
-    def take_peak(self) -> Memory:
+    def take_peak(self) -> HeldBytes:
         """The peak since the last call (the current holding starts the next period)."""
         peak, self.peak = self.peak, self.held()
         return peak

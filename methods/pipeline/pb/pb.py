@@ -12,7 +12,7 @@ from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
 from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.base import PipelineMethod, PipelineParams
-from methods.pipeline.core.executor import Microbatches
+from methods.pipeline.core.executor import Microbatches, Sizes
 from methods.pipeline.core.placement import place
 from methods.pipeline.core.schedules import pb_delay, pb_tick
 from methods.pipeline.core.stage import BackwardMode
@@ -115,11 +115,10 @@ class PipelinedBackprop(PipelineMethod):
 
     def _views(self, t: int, batch: Batch | None) -> dict[int, Microbatches]:
         """Each local stage's view of tick t: every sample still in flight has the batch size; stage 0 loads sample t,
-        the last stage the labels of sample t-(S-1), kept since its step."""
-        size, last = self.ctx.params.batch_size, self.num_stages - 1
-        keys = {(0, i): size for i in range(max(0, t - 2 * self.num_stages), min(t + 1, self.samples))}
+        the last stage the labels of sample t-(S-1), kept since its step (sizes: the core's rule, executor.Sizes)."""
+        last, split = self.num_stages - 1, self.minibatch_split()
         local = range(self.num_stages) if self.virtual else self.placement.stages_of(self.ctx.rank)
-        views = {s: Microbatches(sizes=dict(keys)) for s in local}
+        views = {s: Microbatches(sizes=Sizes({}, split)) for s in local}
         if 0 in views and batch is not None:
             views[0].inputs[(0, t)] = batch.inputs().to(self.ctx.device)
         done = t - last

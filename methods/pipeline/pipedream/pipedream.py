@@ -85,14 +85,8 @@ class PipeDream(PipelineMethod):
     def train_step(self, batch: Batch) -> StepStats:
         t = batch.step
         self.ticks = t + 1
-        views = self.views(batch, [len(batch)], [t])
-        for view in views.values():  # the gradients arriving now belong to earlier minibatches of the same size
-            view.sizes.update({(0, m): len(batch) for m in range(max(0, t - self.num_stages), t)})
-        return self.run(self.tick_schedule(t), views, t)
+        return self.run(self.tick_schedule(t), self.views(batch, [len(batch)], [t]), t)
 
     def end_training(self) -> None:
-        ticks, size = self.ticks, self.ctx.params.batch_size
-        views = self.views(Batch(ticks, 0.0, torch.zeros(0, dtype=torch.long), self.ctx.workload.train), [], [])
-        for view in views.values():
-            view.sizes.update({(0, m): size for m in range(max(0, ticks - self.num_stages), ticks)})
-        self.run(self._placed(lambda s, r: pipedream_drain(s, self.num_stages, ticks, r)), views, -1)
+        ticks = self.ticks
+        self.drain(self._placed(lambda s, r: pipedream_drain(s, self.num_stages, ticks, r)))

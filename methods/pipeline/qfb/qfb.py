@@ -123,8 +123,6 @@ class QFB(PipelineMethod):
         views = self.views(batch, sizes, list(range(p.microbatches)), iteration=t)
         if p.sync == "bounded":
             self._open_window(t)
-            for view in views.values():  # the backwards of window t-1 receive gradients of the same sizes
-                view.sizes.update({(t - 1, m): size for m, size in enumerate(sizes)})
         self.windows = t + 1
         return self.run(self.rank_schedule(t), views, t)
 
@@ -132,13 +130,7 @@ class QFB(PipelineMethod):
         """bounded: run the backwards and update of the last window, so every minibatch of the budget is applied."""
         if self.ctx.params.sync != "bounded" or self.windows == 0:
             return
-        last, p = self.windows - 1, self.ctx.params
-        sizes = [len(part) for part in torch.tensor_split(torch.arange(p.batch_size), p.microbatches)]
-        empty = Batch(self.windows, 0.0, torch.zeros(0, dtype=torch.long), self.ctx.workload.train)
-        views = self.views(empty, [], [], iteration=last)
-        for view in views.values():
-            view.sizes.update({(last, m): size for m, size in enumerate(sizes)})
-        self.run(self.drain_schedule(last), views, -1)
+        self.drain(self.drain_schedule(self.windows - 1))
 
     # -- checkpoints (exact only: bounded has a window in flight between steps) --------------------------------------
     @property
