@@ -44,7 +44,7 @@ def test_digits_split_is_fixed_and_stratified():
 
 
 def test_plan_from_budget():
-    from harness.suite.spec import Budget
+    from harness.budget import Budget
 
     plan = Plan.from_budget(Budget(max_epochs=2.5, eval_every_epochs=0.5, max_steps=1000), steps_per_epoch=44)
     assert plan.max_steps == 110 and plan.eval_every_steps == 22

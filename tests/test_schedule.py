@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from harness import registry
+from harness.budget import Budget
 from harness.data.tensors import Batch, DataOrder
 from harness.data.workloads import DIGITS_MLP
 from harness.launch.local import launch
@@ -25,7 +26,6 @@ from harness.run.schedule import LrSchedule
 from harness.run.training import make_sgd
 from harness.suite.expand import expand_suite
 from harness.suite.files import FileError
-from harness.suite.spec import Budget
 
 STEPS = 60  # digits-mlp at batch 32: 44 steps per epoch
 #: digits-mlp with a budget of time alone (a workload referenced by path from a suite)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.budget import Budget
 from harness.comm.communicator import Communicator
 from harness.data.tensors import Batch, DataOrder, TensorData
 from harness.method import EvalResult, Method
@@ -20,7 +21,7 @@ from harness.run.heartbeat import Heartbeat
 from harness.run.records import MetricsWriter
 from harness.run.schedule import LrSchedule
 from harness.run.usage import UsageSample, usage_record
-from harness.suite.spec import Budget, RunSpec
+from harness.suite.spec import RunSpec
 
 # Ranks agree on time-based decisions (time budget, eval_every_seconds) and on divergence with one tiny all-reduce
 # (category `control`) about every CONTROL_PERIOD_S of train time. It is asynchronous: launched at step t with each
