@@ -6,17 +6,20 @@ import hashlib
 import json
 import os
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.budget import Budget
 from harness.net.spec import NetworkSpec
-from harness.run.allocator import Allocator
 
 #: What suite names and run ids match (both are folder names under --out), and their longest length.
 SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 MAX_NAME = 128
+
+#: The ranks' malloc policy (applied by harness/run/allocator.py). retain: glibc keeps what a step freed and the next
+#: step reuses those pages; system: glibc's defaults, left as is.
+Allocator = Literal["retain", "system"]
 
 
 class RunSpec(BaseModel):
