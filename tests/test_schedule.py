@@ -22,7 +22,7 @@ from harness.method import EvalResult, Method, StepStats, TrainParams
 from harness.results import read_jsonl
 from harness.run import checkpoint
 from harness.run.loop import Loop
-from harness.run.schedule import LrSchedule
+from harness.run.lr_schedule import LrSchedule
 from harness.run.training import make_sgd
 from harness.suite.expand import expand_suite
 from harness.suite.files import FileError
