@@ -10,7 +10,7 @@ import torch
 
 from harness.data import sources, tensors
 from harness.run.clock import TrainClock
-from harness.run.loop import Plan
+from harness.run.loop import StepPlan
 from harness.run.records import MetricsWriter, write_json
 
 
@@ -44,11 +44,11 @@ def test_digits_split_is_fixed_and_stratified():
 
 
 def test_plan_from_budget():
-    from harness.suite.spec import Budget
+    from harness.budget import Budget
 
-    plan = Plan.from_budget(Budget(max_epochs=2.5, eval_every_epochs=0.5, max_steps=1000), steps_per_epoch=44)
+    plan = StepPlan.from_budget(Budget(max_epochs=2.5, eval_every_epochs=0.5, max_steps=1000), steps_per_epoch=44)
     assert plan.max_steps == 110 and plan.eval_every_steps == 22
-    assert Plan.from_budget(Budget(max_steps=7, max_epochs=1), 44).max_steps == 7
+    assert StepPlan.from_budget(Budget(max_steps=7, max_epochs=1), 44).max_steps == 7
 
 
 def test_train_clock_excludes_blocks_and_setup():

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from harness import registry
+from harness.budget import Budget
 from harness.data.tensors import Batch, DataOrder
 from harness.data.workloads import DIGITS_MLP
 from harness.launch.local import launch
@@ -21,10 +22,9 @@ from harness.method import EvalResult, Method, StepStats, TrainParams
 from harness.results import read_jsonl
 from harness.run import checkpoint
 from harness.run.loop import Loop
-from harness.run.schedule import LrSchedule
+from harness.run.lr_schedule import LrSchedule
 from harness.suite.expand import expand_suite
 from harness.suite.files import FileError
-from harness.suite.spec import Budget
 from harness.toolkit import make_sgd
 
 STEPS = 60  # digits-mlp at batch 32: 44 steps per epoch

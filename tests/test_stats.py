@@ -10,7 +10,7 @@ import pytest
 from scipy import integrate
 from scipy import stats as scipy_stats
 
-from harness.report import profiles, stats
+from harness.report import performance_profiles, stats
 
 
 def plain_iqm(values: np.ndarray) -> float:
@@ -131,13 +131,14 @@ def test_paired_bootstrap_matches_a_loop_that_keeps_pairs_together():
 
 def test_performance_ratios_profile_and_score_by_hand():
     times = np.array([[1.0, 2.0], [2.0, math.inf], [4.0, 1.0]])  # submissions x problems
-    ratios = profiles.performance_ratios(times)
+    ratios = performance_profiles.performance_ratios(times)
     assert ratios.tolist() == [[1.0, 2.0], [2.0, math.inf], [4.0, 1.0]]
-    assert profiles.performance_profile(ratios, [1.0, 2.0, 4.0]).tolist() == [[0.5, 1.0, 1.0], [0.0, 0.5, 0.5],
-                                                                              [0.5, 0.5, 1.0]]
+    assert performance_profiles.performance_profile(ratios, [1.0, 2.0, 4.0]).tolist() == [[0.5, 1.0, 1.0],
+                                                                                          [0.0, 0.5, 0.5],
+                                                                                          [0.5, 0.5, 1.0]]
     # B = mean over problems of (4 - r) / 3 where r <= 4
-    assert profiles.algoperf_score(ratios) == pytest.approx([(1 + 2 / 3) / 2, (2 / 3) / 2, (0 + 1) / 2])
-    unsolved = profiles.performance_ratios(np.array([[math.nan], [math.inf]]))
+    assert performance_profiles.algoperf_score(ratios) == pytest.approx([(1 + 2 / 3) / 2, (2 / 3) / 2, (0 + 1) / 2])
+    unsolved = performance_profiles.performance_ratios(np.array([[math.nan], [math.inf]]))
     assert np.isinf(unsolved).all()
 
 
@@ -145,23 +146,24 @@ def test_algoperf_score_is_the_integral_of_the_profile():
     rng = np.random.default_rng(6)
     times = rng.exponential(size=(4, 9)) + 0.1
     times[rng.random(size=times.shape) < 0.2] = math.inf
-    ratios = profiles.performance_ratios(times)
-    scores = profiles.algoperf_score(ratios)
+    ratios = performance_profiles.performance_ratios(times)
+    scores = performance_profiles.algoperf_score(ratios)
     for s in range(len(times)):
         breaks = sorted(r for r in ratios[s] if 1 < r < 4)
-        area, _ = integrate.quad(lambda tau, s=s: profiles.performance_profile(ratios[s:s + 1], [tau])[0, 0],
+        area, _ = integrate.quad(lambda tau, s=s: performance_profiles.performance_profile(ratios[s:s + 1],
+                                                                                           [tau])[0, 0],
                                  1, 4, points=breaks or None, limit=200)
         assert scores[s] == pytest.approx(area / 3, abs=1e-6)
 
 
 def test_olympic_mean_by_hand():
-    assert profiles.olympic_mean([3, 1, 2, 10]) == pytest.approx(2.5)
-    assert profiles.olympic_mean([1, math.nan, 2, 3]) == pytest.approx(2.5)  # one miss: the slowest, dropped
-    assert math.isnan(profiles.olympic_mean([1, math.inf, 2, math.nan]))  # two misses: no result
-    assert math.isnan(profiles.olympic_mean([1, 2]))  # too few runs
+    assert performance_profiles.olympic_mean([3, 1, 2, 10]) == pytest.approx(2.5)
+    assert performance_profiles.olympic_mean([1, math.nan, 2, 3]) == pytest.approx(2.5)  # one miss: the slowest dropped
+    assert math.isnan(performance_profiles.olympic_mean([1, math.inf, 2, math.nan]))  # two misses: no result
+    assert math.isnan(performance_profiles.olympic_mean([1, 2]))  # too few runs
 
 
 @pytest.mark.parametrize("n", [3, 5, 10])
 def test_olympic_mean_is_a_trimmed_mean_of_one_run_each_side(n):
     times = np.random.default_rng(n).exponential(size=n)
-    assert profiles.olympic_mean(times) == pytest.approx(scipy_stats.trim_mean(times, 1.5 / n))
+    assert performance_profiles.olympic_mean(times) == pytest.approx(scipy_stats.trim_mean(times, 1.5 / n))

@@ -50,10 +50,11 @@ def make_loop(method_name: str, rank: int, world_size: int, folder: Path, worklo
 
     from _dist import context
     from harness import registry
+    from harness.budget import Budget
     from harness.run.clock import TrainClock
     from harness.run.loop import Loop
     from harness.run.records import MetricsWriter
-    from harness.suite.spec import Budget, RunSpec
+    from harness.suite.spec import RunSpec
 
     cls, ctx = context(method_name, rank, world_size, params or PARAMS, workload=workload, run_dir=folder)
     if options:

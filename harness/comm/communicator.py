@@ -11,18 +11,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.comm.ring import ring_all_gather_bytes, ring_all_reduce_bytes
+
 CATEGORIES = ("gradients", "activations", "activation_grads", "gradient_sync", "params", "control", "eval")
 TRAINING_CATEGORIES = ("gradients", "activations", "activation_grads", "gradient_sync", "params")
-
-
-def ring_all_reduce_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes each rank sends (and receives) in a ring all-reduce of an `nbytes` tensor: 2(W-1)/W * n."""
-    return 0 if world_size <= 1 else (2 * (world_size - 1) * nbytes) // world_size
-
-
-def ring_all_gather_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes each rank sends (and receives) in a ring all-gather of `nbytes` per rank: (W-1) * n."""
-    return (world_size - 1) * nbytes
 
 
 def _all_gather_single(output: torch.Tensor, tensor: torch.Tensor, **kwargs: Any) -> Any:

@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from harness.budget import Budget
 from harness.data.tensors import TensorData
-from harness.suite.spec import Budget
 
 
 class NoOptions(BaseModel):

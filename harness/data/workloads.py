@@ -7,9 +7,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from harness.budget import Budget
 from harness.data import models, sources
 from harness.data.workload import Instance, NoOptions, Workload
-from harness.suite.spec import Budget
 
 
 class SyntheticOptions(BaseModel):

@@ -10,6 +10,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from harness.comm.ring import ring_all_reduce_time
 from harness.net.emulation import IFNAME, emulated_network
 from harness.net.namespaces import enter
 from harness.net.spec import NetworkSpec
@@ -27,8 +28,7 @@ def ring_all_reduce_seconds(size_bytes: int, world_size: int, rate_bps: int | No
         return 0.0
     if rate_bps is None:
         return float("nan")
-    steps = 2 * (world_size - 1)
-    return steps / world_size * size_bytes * 8 / rate_bps + steps * latency_s
+    return ring_all_reduce_time(size_bytes, world_size, rate_bps / 8, latency_s)
 
 
 def point_to_point_seconds(size_bytes: int, rate_bps: int | None, latency_s: float = 0.0) -> float:

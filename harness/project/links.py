@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.comm.ring import ring_all_reduce_bytes, ring_all_reduce_time
 from harness.net.spec import NetworkSpec, parse_network
 
 #: Payload share of a shaped Ethernet link under TCP: 1448 payload bytes (MTU 1500 less 20 IP, 20 TCP and 12 bytes
@@ -100,17 +101,15 @@ def ring_volume(kind: str, nbytes: float, world_size: int) -> float:
     all-gather and for the root of a broadcast; 0 for one rank."""
     if world_size <= 1:
         return 0.0
-    return {"all_reduce": 2 * (world_size - 1) / world_size, "all_gather": world_size - 1,
-            "broadcast": world_size - 1}[kind] * nbytes
+    if kind == "all_reduce":
+        return ring_all_reduce_bytes(float(nbytes), world_size)
+    return {"all_gather": world_size - 1, "broadcast": world_size - 1}[kind] * nbytes
 
 
 def ring_all_reduce_s(nbytes: float, world_size: int, link: Link) -> float:
     """Ring all-reduce of an n-byte tensor over N ranks (reduce-scatter then all-gather, 2(N-1) rounds of n/N bytes
     each way; Patarasuk and Yuan 2009): 2(N-1)/N · n/B + 2(N-1)·alpha. Zero for one rank."""
-    if world_size <= 1:
-        return 0.0
-    n = world_size
-    return 2 * (n - 1) / n * link.transfer_s(nbytes) + 2 * (n - 1) * link.alpha_s
+    return ring_all_reduce_time(nbytes, world_size, link.bandwidth, link.alpha_s)
 
 
 def ring_all_gather_s(nbytes: float, world_size: int, link: Link) -> float:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.report import profiles, stats
+from harness.report import performance_profiles, stats
 from harness.report.network import method_label
 from harness.report.page import interval_text, number_text, table_html
 
@@ -67,8 +67,8 @@ def robust_table(table: pd.DataFrame, baseline: str, has_target: bool = True) ->
                 poi = stats.probability_of_improvement([sign * ours[k] for k in shared], [theirs[k] for k in shared])
             row[f"poi_{metric}"], row[f"poi_{metric}_low"], row[f"poi_{metric}_high"] = poi
         single = group["stratum"].nunique() == 1
-        row["mlperf_time_to_target_s"] = (profiles.olympic_mean(group["time_to_target_s"]) if single and has_target
-                                          else math.nan)
+        row["mlperf_time_to_target_s"] = (performance_profiles.olympic_mean(group["time_to_target_s"])
+                                          if single and has_target else math.nan)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -89,8 +89,9 @@ def algoperf(table: pd.DataFrame, points: int = 301) -> tuple[pd.DataFrame, pd.D
 
     Submissions are method labels (labels without their network); problems are the (workload, network, seed)
     triples of the folder; t is the time to target (+inf when missed, or when the submission has no run of the
-    problem). scores: label, problems, solved (problems it reached the target on), score (profiles.algoperf_score,
-    r_max = 4). profile: label, tau, rho on `points` values of tau from 1 to r_max.
+    problem). scores: label, problems, solved (problems it reached the target on), score
+    (performance_profiles.algoperf_score, r_max = 4). profile: label, tau, rho on `points` values of tau from 1 to
+    r_max.
     """
     data = with_keys(table)
     data["problem"] = list(zip(data["workload"].astype(str), data["network"], data["seed"], strict=True))
@@ -100,11 +101,11 @@ def algoperf(table: pd.DataFrame, points: int = 301) -> tuple[pd.DataFrame, pd.D
     for row in data.itertuples():
         s, p = submissions.index(row.method_label), problems.index(row.problem)
         times[s, p] = min(times[s, p], float(row.time_to_target_s))
-    ratios = profiles.performance_ratios(times)
-    scores = pd.DataFrame({"label": submissions, "problems": len(problems),
-                           "solved": np.isfinite(times).sum(axis=1), "score": profiles.algoperf_score(ratios)})
-    taus = np.linspace(1.0, profiles.R_MAX, points)
-    rho = profiles.performance_profile(ratios, taus)
+    ratios = performance_profiles.performance_ratios(times)
+    scores = pd.DataFrame({"label": submissions, "problems": len(problems), "solved": np.isfinite(times).sum(axis=1),
+                           "score": performance_profiles.algoperf_score(ratios)})
+    taus = np.linspace(1.0, performance_profiles.R_MAX, points)
+    rho = performance_profiles.performance_profile(ratios, taus)
     profile = pd.DataFrame([{"label": label, "tau": tau, "rho": rho[s, i]} for s, label in enumerate(submissions)
                             for i, tau in enumerate(taus)])
     return scores, profile
@@ -158,7 +159,8 @@ def comparisons_html(robust: pd.DataFrame, scores: pd.DataFrame | None, baseline
     if scores is not None and len(scores) > 1:
         shown_scores = scores.assign(score=[f"{v:.3f}" for v in scores["score"]])
         parts += [f"<p>AlgoPerf score (Dahl et al. 2023): the area under each label's performance profile from 1 to "
-                  f"{profiles.R_MAX:g}, over {int(scores['problems'].iloc[0])} problems (workload, network, seed), "
+                  f"{performance_profiles.R_MAX:g}, over {int(scores['problems'].iloc[0])} problems "
+                  "(workload, network, seed), "
                   "divided by 3: 1 is the fastest to the target on every problem, 0 never within 4x the fastest. Only "
                   f"labels that ran every problem are scored; a run that did not complete counts as a miss.{e(skipped)}"
                   "</p>\n", table_html(shown_scores)]

@@ -287,7 +287,7 @@ def plot_improvement(poi: pd.DataFrame, baseline: str, styles: dict[str, Style] 
 
 def plot_performance_profile(profile: pd.DataFrame, styles: dict[str, Style] | None = None) -> Figure:
     """performance profile (rows: label, tau, rho) -> a step line per label: the share of problems (workload, network,
-    seed) it solved within tau times the fastest time to target (AlgoPerf; report/profiles.py)."""
+    seed) it solved within tau times the fastest time to target (AlgoPerf; report/performance_profiles.py)."""
     fig = new_figure()
     ax = fig.subplots()
     labels = [str(label) for label in pd.unique(profile["label"])]

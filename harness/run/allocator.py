@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import platform
-from typing import Literal
 
-#: retain: glibc keeps what a step freed and the next step reuses those pages; system: glibc's defaults, left as is.
-Allocator = Literal["retain", "system"]
+from harness.suite.spec import Allocator
 
 # mallopt parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD = -1

@@ -11,16 +11,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.budget import Budget
 from harness.comm.communicator import Communicator
 from harness.data.tensors import Batch, DataOrder, TensorData
 from harness.method import EvalResult, Method
 from harness.run import checkpoint, checkpoint_files
 from harness.run.clock import TrainClock
 from harness.run.heartbeat import Heartbeat
+from harness.run.lr_schedule import LrSchedule
 from harness.run.records import MetricsWriter
-from harness.run.schedule import LrSchedule
 from harness.run.usage import UsageSample, usage_record
-from harness.suite.spec import Budget, RunSpec
+from harness.suite.spec import RunSpec
 
 # Ranks agree on time-based decisions (time budget, eval_every_seconds) and on divergence with one tiny all-reduce
 # (category `control`) about every CONTROL_PERIOD_S of train time. It is asynchronous: launched at step t with each
@@ -32,7 +33,7 @@ CONTROL_MAX_STEPS = 64
 
 
 @dataclass
-class Plan:
+class StepPlan:
     """The step-level schedule a budget implies for a data order."""
 
     max_steps: int | None
@@ -41,7 +42,7 @@ class Plan:
     max_train_seconds: float | None
 
     @classmethod
-    def from_budget(cls, budget: Budget, steps_per_epoch: int) -> Plan:
+    def from_budget(cls, budget: Budget, steps_per_epoch: int) -> StepPlan:
         limits = []
         if budget.max_steps is not None:
             limits.append(budget.max_steps)
@@ -67,7 +68,7 @@ class Loop:
     """Runs `method` under `spec`'s budget on one rank, writing train and eval records.
 
     Before every step the learning rate of each of the method's optimizers' param groups is set to its base lr (the
-    lr the method built it with) times the schedule's factor for that step (harness/run/schedule.py), so every
+    lr the method built it with) times the schedule's factor for that step (harness/run/lr_schedule.py), so every
     method follows the same schedule and a resumed run the same lr. A constant schedule leaves the optimizers alone.
     At the end every rank writes a `cpu` record: its CPU time, run-queue wait and wall time over the run, and the
     machine's load (harness/run/usage.py), from which the report tells starved (noisy) runs.
@@ -91,7 +92,7 @@ class Loop:
         self.checkpointable = method.checkpointable and run_dir is not None
         self.checkpoint_every = spec.checkpoint_every_steps if self.checkpointable else None
         self.order = DataOrder(len(train), spec.params["batch_size"], spec.seed)
-        self.plan = Plan.from_budget(spec.budget, self.order.steps_per_epoch)
+        self.plan = StepPlan.from_budget(spec.budget, self.order.steps_per_epoch)
         self.schedule = LrSchedule.from_params(spec.params, self.order.steps_per_epoch, self.plan.max_steps)
         self.optimizers = method.optimizers()
         if not self.schedule.is_constant and not self.optimizers:

@@ -9,10 +9,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness import registry
+from harness.budget import Budget
 from harness.net.spec import NetworkSpec
-from harness.run.allocator import Allocator
 from harness.suite.files import FileError, first_error, load_toml
-from harness.suite.spec import MAX_NAME, SAFE_NAME, Budget, RunSpec, compact, default_threads, make_run_id
+from harness.suite.spec import MAX_NAME, SAFE_NAME, Allocator, RunSpec, compact, default_threads, make_run_id
 
 #: A seed: numpy's seed range (np.random.seed takes 0 <= seed < 2**32).
 Seed = Annotated[int, Field(ge=0, lt=2**32)]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from harness.budget import Budget
 from harness.data.models import mlp
 from harness.data.tensors import TensorData
 from harness.data.workload import Instance, Workload
-from harness.suite.spec import Budget
 
 
 class BlobsOptions(BaseModel):
