@@ -22,7 +22,7 @@ class TrainParams(BaseModel):
     """Hyperparameters every method takes. `batch_size` is the global batch (all ranks together).
 
     The learning-rate schedule (`lr_schedule`, `lr_warmup_epochs`, `lr_warmup_start_factor`, `milestones`, `gamma`)
-    is applied by the runner to every method alike (harness/run/schedule.py); a method only builds its optimizers
+    is applied by the runner to every method alike (harness/run/lr_schedule.py); a method only builds its optimizers
     with `lr` and exposes them through `Method.optimizers`.
     """
 
@@ -154,7 +154,7 @@ class Method(abc.ABC):
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """This rank's optimizers: the runner sets the lr of each of their param groups before every step (base lr
-        times the schedule's factor, harness/run/schedule.py). Default: none, which only a constant schedule allows."""
+        times the schedule's factor, harness/run/lr_schedule.py). Default: none, which only a constant schedule allows."""
         return []
 
     def end_training(self) -> None:

@@ -77,19 +77,22 @@ class APapo(PipelineMethod):
 
     @classmethod
     def check_world_size(cls, world_size: int, params: APapoParams) -> str | None:
-        if params.microbatches > params.batch_size:
-            return f"microbatches = {params.microbatches} exceeds batch_size = {params.batch_size}"
         ranks = cls.planned_workers(world_size, params)
         if isinstance(params.rank_speeds, list) and len(params.rank_speeds) != ranks:
             return f"rank_speeds lists {len(params.rank_speeds)} ranks; the plan has {ranks}"
         if isinstance(params.bandwidth, list) and (len(params.bandwidth) != ranks
                                                    or any(len(row) != ranks for row in params.bandwidth)):
             return f"bandwidth must be a {ranks}x{ranks} matrix"
-        if params.partition == "antichain":
-            if params.replicas is not None:
-                return "partition 'antichain' chooses the replicas itself: leave replicas unset"
-            return super(PipelineMethod, cls).check_world_size(world_size, params)  # no one-stage-per-rank rule
         return super().check_world_size(world_size, params)
+
+    @classmethod
+    def check_placement(cls, world_size: int, params: APapoParams) -> str | None:
+        """The antichain plan places stages on the ranks itself (no one-stage-per-rank rule); the other partitions
+        keep the pipelines' rule."""
+        if params.partition == "antichain":
+            return "partition 'antichain' chooses the replicas itself: leave replicas unset" \
+                if params.replicas is not None else None
+        return super().check_placement(world_size, params)
 
     @classmethod
     def check_model(cls, world_size: int, params: APapoParams, model: Callable[[], nn.Sequential]

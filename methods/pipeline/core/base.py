@@ -90,6 +90,17 @@ class PipelineMethod(Method):
 
     @classmethod
     def check_world_size(cls, world_size: int, params: PipelineParams) -> str | None:
+        """Microbatches no more than the batch, then the placement's rule, then the contract's."""
+        microbatches = getattr(params, "microbatches", None)
+        if microbatches is not None and microbatches > params.batch_size:
+            return f"microbatches = {microbatches} exceeds batch_size = {params.batch_size}"
+        return cls.check_placement(world_size, params) or super().check_world_size(world_size, params)
+
+    @classmethod
+    def check_placement(cls, world_size: int, params: PipelineParams) -> str | None:
+        """The placement's rule: one stage per rank, or replicas summing to the world size (world size 1: the
+        virtual mode), and a boundary per stage. A method that places stages otherwise (interleaved: several per
+        rank; APapo's antichain plan) relaxes it by overriding this."""
         stages = cls.requested_stages(world_size, params)
         if params.replicas == "auto":
             if not cls.plans_replication:
@@ -108,7 +119,7 @@ class PipelineMethod(Method):
                     f"summing to the world size, or world_size 1 for the virtual mode")
         if isinstance(params.partition, list) and stages is not None and len(params.partition) != stages - 1:
             return f"partition lists {len(params.partition)} boundaries; {stages} stages need {stages - 1}"
-        return super().check_world_size(world_size, params)
+        return None
 
     @classmethod
     def stages_field(cls, world_size: int, params: PipelineParams) -> str:

@@ -44,12 +44,6 @@ class FlushedPipeline(PipelineMethod):
     #: The schedule of one minibatch, one list per stage (S, M) -> Schedule; placed on the ranks by `place`.
     make_schedule: ClassVar[Callable[[int, int], Schedule]]
 
-    @classmethod
-    def check_world_size(cls, world_size: int, params: FlushedParams) -> str | None:
-        if params.microbatches > params.batch_size:
-            return f"microbatches = {params.microbatches} exceeds batch_size = {params.batch_size}"
-        return super().check_world_size(world_size, params)
-
     def make_policy(self, stage: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer
                     ) -> WeightPolicy:
         return Live(module)

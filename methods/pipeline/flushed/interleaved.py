@@ -9,7 +9,6 @@ from pydantic import Field
 from methods.blocks import default_parts
 from methods.pipeline.core import schedules as schedule
 from methods.pipeline.core.actions import Schedule
-from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.placement import Placement
 from methods.pipeline.flushed.base import FlushedParams, FlushedPipeline
 
@@ -48,7 +47,8 @@ class Interleaved1F1B(FlushedPipeline):
         return "world_size" if world_size > 1 else "stages_per_rank"
 
     @classmethod
-    def check_world_size(cls, world_size: int, params: InterleavedParams) -> str | None:
+    def check_placement(cls, world_size: int, params: InterleavedParams) -> str | None:
+        """Several stages per rank, in rounds of microbatches, no replicas."""
         v = params.stages_per_rank
         if params.replicas is not None:
             return "interleaved-1f1b does not replicate stages (leave replicas unset)"
@@ -62,9 +62,7 @@ class Interleaved1F1B(FlushedPipeline):
                     f"it a multiple of {ranks} (or less than {ranks})")
         if isinstance(params.partition, list) and len(params.partition) != ranks * v - 1:
             return f"partition lists {len(params.partition)} boundaries; {ranks * v} stages need {ranks * v - 1}"
-        if params.microbatches > params.batch_size:
-            return f"microbatches = {params.microbatches} exceeds batch_size = {params.batch_size}"
-        return super(PipelineMethod, cls).check_world_size(world_size, params)  # skip one-stage-per-rank checks
+        return None
 
     def make_placement(self, stages: int, replicas: list[int]) -> Placement:
         return Placement.interleaved(stages // self.ctx.params.stages_per_rank, self.ctx.params.stages_per_rank)

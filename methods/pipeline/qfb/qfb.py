@@ -61,8 +61,6 @@ class QFB(PipelineMethod):
     def check_world_size(cls, world_size: int, params: QFBParams) -> str | None:
         if params.replicas is not None and params.replicas != [1] * len(params.replicas):
             return "qfb does not replicate stages (leave replicas unset)"
-        if params.microbatches > params.batch_size:
-            return f"microbatches = {params.microbatches} exceeds batch_size = {params.batch_size}"
         return super().check_world_size(world_size, params)
 
     def make_policy(self, stage: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer
