@@ -9,8 +9,8 @@ import torch
 
 from _dist import context, spawn
 from harness.data.tensors import Batch, DataOrder
-from methods.pipeline.core.base import CodecName
 from methods.pipeline.core.codecs import CODECS, make_codec
+from methods.pipeline.core.params import CodecName
 
 
 def test_every_codec_is_offered_as_a_parameter():

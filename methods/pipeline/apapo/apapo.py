@@ -19,10 +19,11 @@ from methods.pipeline.apapo import antichain, layers
 from methods.pipeline.apapo.hardware import hardware_for
 from methods.pipeline.core import schedules
 from methods.pipeline.core.actions import Schedule
-from methods.pipeline.core.base import PipelineMethod, PipelineParams
+from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.block_profile import profiles_to_dicts
 from methods.pipeline.core.interleaver import Interleaver
 from methods.pipeline.core.overlap import ArrivalWatch, overlap_summary, read_records
+from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import Placement, place
 from methods.pipeline.core.planning import Plan
 from methods.pipeline.core.versions import DoubleBuffered, WeightPolicy

@@ -1,65 +1,32 @@
-"""The base of pipeline methods: the plan and placement, this rank's stages, an executor, and evaluation through
-the pipeline."""
+"""PipelineMethod, the template every pipeline follows: plan and placement, this rank's stages, an executor, running a
+schedule (and the drain), and evaluation through the pipeline; its parameters, views and records live beside it."""
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable
 from copy import deepcopy as copy_module
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
-from pydantic import Field, field_validator
 from torch import nn
 
 from harness.comm.communicator import Communicator
 from harness.data.tensors import Batch, TensorData
-from harness.method import EvalResult, Method, RunContext, StepStats, TrainParams
+from harness.method import EvalResult, Method, RunContext, StepStats
 from harness.toolkit import make_sgd
-from harness.trace import busy_s, span_s, wait_s
 from harness.trace_export import write_chrome_trace
 from methods.blocks import classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
 from methods.pipeline.core import planning
 from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.codecs import Codec, make_codec
-from methods.pipeline.core.executor import Microbatches, ProcessExecutor, Sizes, Trace, VirtualExecutor, Wire
+from methods.pipeline.core.executor import Microbatches, ProcessExecutor, VirtualExecutor, Wire
+from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import Placement
+from methods.pipeline.core.records import StageClock, memory_peaks, step_extra
 from methods.pipeline.core.stage import BackwardMode, Stage
 from methods.pipeline.core.versions import WeightPolicy
-
-#: The names of methods/pipeline/core/codecs.py's CODECS (a test keeps the two equal).
-CodecName = Literal["none", "fp16", "int8", "int4"]
-
-
-class PipelineParams(TrainParams):
-    stages: int | None = Field(default=None, ge=1,
-                               description="pipeline stages; default: one per rank (2 in the virtual mode)")
-    partition: Literal["uniform", "auto"] | list[int] = Field(
-        default="uniform", description="'uniform' (equal block counts), 'auto' (profile, then the partitioner), or "
-                                       "the first block of every stage after the first, e.g. [2] for 2 stages")
-    replicas: list[int] | Literal["auto"] | None = Field(
-        default=None, description="replicas of each stage, e.g. [2, 1]: stage 0 on two ranks (its microbatches round "
-                                  "robin over them, gradients all-reduced before each update); world size = sum. "
-                                  "'auto' (with partition 'auto', where the method plans replication): PipeDream's "
-                                  "DP chooses stages and replicas over all ranks (at most `stages` stages if set)")
-    bandwidth: float = Field(default=1e9, gt=0, description="bytes/s between stages, for the 'auto' partitioner")
-    activation_codec: CodecName = Field(default="none", description="how activations cross stages (none = fp32)")
-    gradient_codec: CodecName = Field(default="none", description="how activation gradients cross stages")
-    trace_steps: int = Field(default=4, ge=0, description="steps (from step 1) whose full per-action trace is logged")
-
-    @field_validator("partition")
-    @classmethod
-    def _increasing(cls, v: Any) -> Any:
-        if isinstance(v, list) and (any(b < 1 for b in v) or v != sorted(set(v))):
-            raise ValueError("stage boundaries must be increasing block indices >= 1")
-        return v
-
-    @field_validator("replicas")
-    @classmethod
-    def _positive(cls, v: list[int] | str | None) -> list[int] | str | None:
-        if isinstance(v, list) and (not v or any(r < 1 for r in v)):
-            raise ValueError("replicas must list at least one stage, each with at least 1 replica")
-        return v
+from methods.pipeline.core.views import minibatch_split, stage_views
 
 
 class PipelineMethod(Method):
@@ -210,7 +177,7 @@ class PipelineMethod(Method):
             mine = {s: stage for (_, s), stage in self.workers.items()}
             self.executor = ProcessExecutor(ctx.rank, mine, ctx.comm, self.placement, wire, replica_comms,
                                             self.sync_mean, **self.executor_options())
-        self.times = {s: planning.StageTimes() for s in range(self.num_stages)}
+        self.clock = StageClock(self.num_stages)
         if ctx.rank == 0:
             self._write_partition(measured=None)
             if ctx.log is not None:
@@ -263,78 +230,31 @@ class PipelineMethod(Method):
             traces = [self.executor.run(schedule[self.ctx.rank], views)]
         ranks = range(self.placement.world_size) if self.virtual else [self.ctx.rank]
         for trace in traces:
-            self._add_times(trace)
+            self.clock.add(trace)
         if self.ctx.log is not None and 1 <= step <= self.ctx.params.trace_steps:
             for rank, trace in zip(ranks, traces, strict=True):
                 self.ctx.log("trace", step=step, worker=rank, events=trace.events)
         last = [st for (_, s), st in self.workers.items() if s == self.num_stages - 1]
         loss = sum(st.take_loss() for st in last) if last else None
-        return StepStats(loss=loss, extra={**self._step_extra(traces), **self._memory()})
+        return StepStats(loss=loss, extra={**step_extra(traces, self.virtual), **memory_peaks(self.workers)})
 
     def drain(self, schedule: Schedule) -> StepStats:
         """Run the actions that complete what is still in flight after the last step (no new microbatch enters):
         the asynchronous pipelines' cool-down, so every minibatch of the budget is applied."""
         return self.run(schedule, self.views(None, [], []), -1)
 
-    def _add_times(self, trace: Trace) -> None:
-        for event in trace.events:
-            times = self.times[event.stage]
-            if event.op == "forward":
-                times.forward_s += event.duration
-                times.forwards += 1
-            elif event.op == "backward":
-                times.backward_s += event.duration
-                times.backwards += 1
-
-    def _step_extra(self, traces: list[Trace]) -> dict[str, Any]:
-        if self.virtual:
-            return {"busy_s": [busy_s(t.events) for t in traces]}
-        events = traces[0].events
-        return {"busy_s": busy_s(events), "wait_s": wait_s(events), "span_s": span_s(events)}
-
-    def _memory(self) -> dict[str, list[int]]:
-        """Per stage held here (the max over its replicas in the virtual mode): the peak activation bytes,
-        microbatches and weight-version bytes of this step."""
-        peaks: dict[int, list[int]] = {}
-        for (_, s), stage in self.workers.items():
-            peak = stage.take_peak()
-            row = peaks.setdefault(s, [0, 0, 0])
-            row[:] = [max(row[0], peak.activation_bytes), max(row[1], peak.microbatches),
-                      max(row[2], peak.weight_bytes)]
-        order = sorted(peaks)
-        return {"stages": order, "peak_activation_bytes": [peaks[s][0] for s in order],
-                "peak_microbatches": [peaks[s][1] for s in order], "peak_weight_bytes": [peaks[s][2] for s in order]}
-
     def minibatch_split(self) -> list[int]:
-        """The sizes of a full minibatch's M consecutive microbatches (M = the params' `microbatches`, else 1): the
-        size of every message of a microbatch cut in an earlier step (executor.Sizes)."""
-        count = getattr(self.ctx.params, "microbatches", 1)
-        return [len(part) for part in torch.tensor_split(torch.arange(self.ctx.params.batch_size), count)]
+        """A full minibatch's microbatch sizes (M = the params' `microbatches`, else 1; views.minibatch_split)."""
+        return minibatch_split(self.ctx.params.batch_size, getattr(self.ctx.params, "microbatches", 1))
 
     def views(self, batch: Batch | None, sizes: list[int], ids: list[int], iteration: int = 0
               ) -> dict[int, Microbatches]:
-        """Each local stage's view of a step's microbatches: consecutive slices of the batch of `sizes` samples,
-        numbered `ids` in `iteration`. The first stage gets the inputs and the last the labels and loss scales (each
-        microbatch's share of the batch), of the microbatches this rank owns (all of them in the virtual mode).
-        Microbatches of earlier steps have the sizes of a full minibatch's split; `batch` None: no new ones."""
+        """Each local stage's view of a step's microbatches (views.stage_views), of the microbatches this rank owns
+        (all of them in the virtual mode)."""
         mine = range(self.num_stages) if self.virtual else self.placement.stages_of(self.ctx.rank)
-        keys = [(iteration, i) for i in ids]
-        starts = [sum(sizes[:k]) for k in range(len(sizes))]
-        split = self.minibatch_split()
-        out = {}
-        for s in mine:
-            view = Microbatches(sizes=Sizes(dict(zip(keys, sizes, strict=True)), split))
-            owned = [k for k, key in enumerate(keys)
-                     if self.virtual or self.placement.owner(s, key[1]) == self.ctx.rank]
-            if s == 0 and owned and batch is not None:
-                x = batch.inputs().to(self.ctx.device)
-                view.inputs = {keys[k]: x[starts[k]:starts[k] + sizes[k]] for k in owned}
-            if s == self.num_stages - 1 and owned and batch is not None:
-                y = batch.targets().to(self.ctx.device)
-                view.targets = {keys[k]: y[starts[k]:starts[k] + sizes[k]] for k in owned}
-                view.scales = {keys[k]: sizes[k] / len(batch) for k in owned}
-            out[s] = view
-        return out
+        return stage_views(batch, sizes, ids, iteration, mine, self.num_stages - 1,
+                           lambda s, mb: self.virtual or self.placement.owner(s, mb) == self.ctx.rank,
+                           self.ctx.device, self.minibatch_split())
 
     # -- evaluation through the pipeline ---------------------------------------------------------------------------
     def evaluate(self, test: TensorData) -> EvalResult:
@@ -353,13 +273,6 @@ class PipelineMethod(Method):
         return EvalResult(accuracy=float(totals[last, 0]) / n, loss=float(totals[last, 1]) / n)
 
     # -- partition record and end of run -----------------------------------------------------------------------------
-    def _measured(self) -> list[planning.StageTimes]:
-        """Per stage, the measured compute over the run (summed over ranks: each rank measured its own stages)."""
-        table = torch.stack([self.times[s].as_tensor() for s in range(self.num_stages)])
-        if not self.virtual:
-            self.ctx.comm.all_reduce(table, "control")
-        return [planning.StageTimes.from_tensor(row) for row in table]
-
     def _write_partition(self, measured: list[planning.StageTimes] | None) -> None:
         planning.write_partition(self.ctx.run_dir / "partition.json", self.name, self.plan,
                                  [list(g) for g in self.placement.stage_ranks], self.shapes, measured)
@@ -370,7 +283,7 @@ class PipelineMethod(Method):
         all-reduce of the measured times comes after each rank's last step)."""
         if not self.virtual:
             self.executor.flush()
-        measured = self._measured()
+        measured = self.clock.measured(None if self.virtual else self.ctx.comm)
         if self.ctx.rank == 0:
             self._write_partition(measured)
             metrics = self.ctx.run_dir / "metrics.jsonl"

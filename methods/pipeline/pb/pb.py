@@ -11,8 +11,9 @@ from torch import nn
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
 from methods.pipeline.core.actions import Schedule
-from methods.pipeline.core.base import PipelineMethod, PipelineParams
+from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.executor import Microbatches, Sizes
+from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import place
 from methods.pipeline.core.schedules import pb_delay, pb_tick
 from methods.pipeline.core.stage import BackwardMode

@@ -13,7 +13,8 @@ from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
 from harness.trace import StepSchedule
 from methods.pipeline.core.actions import Schedule
-from methods.pipeline.core.base import PipelineMethod, PipelineParams
+from methods.pipeline.core.base import PipelineMethod
+from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import place
 from methods.pipeline.core.schedules import pipedream_delay, pipedream_drain, pipedream_tick
 from methods.pipeline.core.versions import Stashed, WeightPolicy

@@ -12,9 +12,10 @@ from torch import nn
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
 from methods.pipeline.core.actions import Schedule
-from methods.pipeline.core.base import CodecName, PipelineMethod, PipelineParams
+from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.codecs import Codec, make_codec
 from methods.pipeline.core.interleaver import validate
+from methods.pipeline.core.params import CodecName, PipelineParams
 from methods.pipeline.core.placement import place
 from methods.pipeline.core.schedules import Sync, qfb_drain, qfb_tick
 from methods.pipeline.core.versions import Live, OneVersionBehind, WeightPolicy
