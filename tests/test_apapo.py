@@ -139,7 +139,7 @@ def _ranks(rank, world_size, params, steps, run_dir):
     result = method.evaluate(method.ctx.workload.test)
     method.finish()
     flat = {s: torch.cat([p.detach().flatten() for p in st.module.parameters()]) for s, st in method.stages.items()}
-    return flat, losses, (result.accuracy, result.loss), method.groups
+    return flat, losses, (result.accuracy, result.loss), method.layer_plan.groups
 
 
 @pytest.mark.slow
@@ -160,7 +160,7 @@ def test_multi_process_equals_the_virtual_executor(params, world_size, tmp_path)
     finally:
         torch.set_num_threads(threads)
     for got, _, evaluation, groups in out:
-        assert groups == virtual.groups
+        assert groups == virtual.layer_plan.groups
         for s, flat in got.items():
             expected = torch.cat([p.detach().flatten() for p in virtual.stages[s].module.parameters()])
             torch.testing.assert_close(flat, expected, rtol=0, atol=1e-6)
@@ -173,7 +173,7 @@ def _planned(rank, world_size, run_dir):
     method = _make("apapo", {"bandwidth": 1e9}, rank, world_size, run_dir=run_dir)
     _train(method, 3)
     method.finish()
-    return method.groups, method.plan.ranges
+    return method.layer_plan.groups, method.plan.ranges
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from harness.toolkit import uniform_split
 from methods.blocks import VIRTUAL_DEFAULT_PARTS, too_few
 from methods.pipeline.apapo import antichain, layers
 from methods.pipeline.apapo.hardware import hardware_for
+from methods.pipeline.apapo.plan import LayerPlan, agree
 from methods.pipeline.core import schedules
 from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.base import PipelineMethod
@@ -127,8 +128,7 @@ class APapo(PipelineMethod):
     # -- hooks -----------------------------------------------------------------------------------------------------
     def __init__(self, ctx: RunContext):
         self.watch = ArrivalWatch() if ctx.world_size > 1 and ctx.params.overlap else None
-        self.groups: tuple[tuple[int, ...], ...] = ()  # each stage's ranks, from the plan (make_blocks)
-        self.record: dict[str, Any] = {}  # what partition.json says about the plan (rank 0)
+        self.layer_plan = LayerPlan([], ())  # the partition (make_blocks: the planner's, agreed by every rank)
         super().__init__(ctx)
         self.delay = schedules.version_delay(self.num_stages, ctx.params.iterations_in_flight)
         self.iterations = 0  # steps run; the drain completes what is still in flight
@@ -143,37 +143,22 @@ class APapo(PipelineMethod):
         return DoubleBuffered(module, self.ctx.params.microbatches, delay)
 
     def make_placement(self, stages: int, replicas: list[int]) -> Placement:
-        return Placement(self.groups)
+        return Placement(self.layer_plan.groups)
 
     def executor_options(self) -> dict[str, Any]:
         return {"overlap": self.ctx.params.overlap, "watch": self.watch}
 
     def make_blocks(self, example: torch.Tensor) -> list[nn.Module]:
-        """Trace the model, plan on rank 0 (profiles, hardware, the DP), agree, and cut: one block per stage."""
+        """Trace the model, plan on rank 0 (profiles, hardware, the DP: a LayerPlan), agree on it (plan.agree), and
+        cut: one block per stage."""
         ctx, params = self.ctx, self.ctx.params
         model = ctx.workload.make_model().to(ctx.device)
         workers = self.planned_workers(ctx.world_size, params)
         traced = layers.trace(model, example, profile=ctx.rank == 0)
         hardware = hardware_for(ctx.comm, model, example, workers, params.rank_speeds, params.bandwidth)
-        n = traced.graph.size
-        agreed = torch.zeros(1 + n + 2 * workers, dtype=torch.int64)  # [S, each node's stage, each rank's stage, place]
-        if ctx.rank == 0:
-            prefixes, groups, self.record = self._solve(traced, hardware, workers)
-            agreed[0] = len(prefixes)
-            for i in range(n):
-                agreed[1 + i] = next(s for s, mask in enumerate(prefixes) if mask >> i & 1)
-            for s, group in enumerate(groups):
-                for place_in_group, r in enumerate(group):
-                    agreed[1 + n + r], agreed[1 + n + workers + r] = s, place_in_group
-        if ctx.world_size > 1:
-            ctx.comm.broadcast(agreed, 0, "control")
-        stages = int(agreed[0])
-        node_stage = agreed[1:1 + n].tolist()
-        prefixes = [sum(1 << i for i in range(n) if node_stage[i] <= s) for s in range(stages)]
-        rank_stage, rank_place = agreed[1 + n:1 + n + workers].tolist(), agreed[1 + n + workers:].tolist()
-        self.groups = tuple(tuple(sorted((r for r in range(workers) if rank_stage[r] == s), key=rank_place.__getitem__))
-                            for s in range(stages))
-        return list(layers.split(traced, prefixes))
+        solved = LayerPlan(*self._solve(traced, hardware, workers)) if ctx.rank == 0 else None
+        self.layer_plan = agree(solved, traced.graph.size, workers, ctx.comm if ctx.world_size > 1 else None)
+        return list(layers.split(traced, self.layer_plan.prefixes))
 
     def _solve(self, traced: layers.TracedModel, hardware: antichain.Hardware, workers: int
                ) -> tuple[list[int], list[tuple[int, ...]], dict[str, Any]]:
@@ -213,12 +198,12 @@ class APapo(PipelineMethod):
         return prefixes, groups, record
 
     def make_plan(self, blocks: list[nn.Module], example: torch.Tensor, stages: int | None) -> Plan:
-        record = self.record
+        record = self.layer_plan.record
         params = self.ctx.params
         record["schedule"] = {"microbatches": params.microbatches, "iterations_in_flight": params.iterations_in_flight,
                               "delay": schedules.version_delay(len(blocks), params.iterations_in_flight),
                               "overlap": params.overlap}
-        return Plan([(s, s + 1) for s in range(len(blocks))], [len(g) for g in self.groups], record)
+        return Plan([(s, s + 1) for s in range(len(blocks))], [len(g) for g in self.layer_plan.groups], record)
 
     # -- the schedule ----------------------------------------------------------------------------------------------
     def _placed(self, per_stage) -> Schedule:
