@@ -154,7 +154,8 @@ class Method(abc.ABC):
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """This rank's optimizers: the runner sets the lr of each of their param groups before every step (base lr
-        times the schedule's factor, harness/run/lr_schedule.py). Default: none, which only a constant schedule allows."""
+        times the schedule's factor, harness/run/lr_schedule.py). Default: none, which only a constant schedule
+        allows."""
         return []
 
     def end_training(self) -> None:
