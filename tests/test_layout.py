@@ -1,4 +1,5 @@
-"""The import rules of docs/design.md's Modules table, checked on the source (every import, at any depth).
+"""The import rules of docs/design.md's Modules table (harness and methods rows), checked on the source (every
+import, at any depth).
 
 Each row whose first column names a harness folder or module says what its modules may import besides themselves;
 no harness module imports methods (methods are found by name, through harness/registry.py); and the table has a row
@@ -49,8 +50,8 @@ def parse_allowed(cell: str) -> tuple[str, ...]:
     return tuple(allowed)
 
 
-def parse_table(text: str) -> list[Row]:
-    """The harness rows of the first markdown table under "## Modules"."""
+def parse_table(text: str, top: str = "harness") -> list[Row]:
+    """The rows of the first markdown table under "## Modules" whose folder or module lies under `top`."""
     section = text.split("\n## Modules", 1)[1]
     lines = [line.strip() for line in section.splitlines()]
     start = next(i for i, line in enumerate(lines) if line.startswith("|"))
@@ -64,12 +65,13 @@ def parse_table(text: str) -> list[Row]:
     rows = []
     for cells in body:
         first = cells[0].strip("` ")
-        if first.startswith("harness/"):
+        if first.startswith(top + "/"):
             rows.append(Row(first, _dotted(first), parse_allowed(cells[column]), cells[1]))
     return rows
 
 
 ROWS = parse_table(DESIGN.read_text())
+METHOD_ROWS = parse_table(DESIGN.read_text(), "methods")
 
 
 def _module_name(path: Path) -> str:
@@ -106,9 +108,9 @@ def _imports(path: Path, module: str | None = None) -> set[str]:
     return names
 
 
-def _row_of(module: str) -> Row | None:
+def _row_of(module: str, rows: list[Row] = ROWS) -> Row | None:
     """The most specific row covering `module` (harness.run.loop -> the `harness/run/` row)."""
-    covering = [r for r in ROWS if module == r.name or module.startswith(r.name + ".")]
+    covering = [r for r in rows if module == r.name or module.startswith(r.name + ".")]
     return max(covering, key=lambda r: len(r.name), default=None)
 
 
@@ -202,3 +204,25 @@ def test_the_check_names_imported_modules_and_resolves_relative_imports(tmp_path
                                                         "harness.report.tables", "harness.results",
                                                         "harness.suite.spec"}
     assert _module_name(ROOT / "harness" / "report" / "__init__.py") == "harness.report"
+
+
+def test_every_methods_package_with_modules_has_a_row_and_keeps_to_it():
+    """methods/ rows too: every package holding modules (or top-level module) has a row, and each module imports
+    only the methods modules its row allows (harness is open to every method: `harness` in the cell)."""
+    methods = ROOT / "methods"
+    wanted = {f"methods/{p.parent.relative_to(methods).as_posix()}/" for p in methods.rglob("*.py")
+              if p.name != "__init__.py" and p.parent != methods}
+    wanted |= {f"methods/{p.name}" for p in methods.glob("*.py") if p.name != "__init__.py"}
+    rows = {r.text for r in METHOD_ROWS}
+    assert not sorted(wanted - rows), f"docs/design.md's Modules table has no row for {sorted(wanted - rows)}"
+    bad = []
+    for path in sorted(methods.rglob("*.py")):
+        row = _row_of(_module_name(path), METHOD_ROWS)
+        if row is None:
+            continue  # a namespace package's __init__.py
+        for name in sorted(_imports(path)):
+            if not name.startswith("methods") or _within(name, (row.name,)) or _within(name, row.allowed):
+                continue
+            bad.append(f"{path.relative_to(ROOT)} imports {name}, which the row `{row.text}` does not allow "
+                       f"(may import: {', '.join(row.allowed) or 'nothing'})")
+    assert not bad, "\n".join(bad)
