@@ -141,7 +141,7 @@ def profile_key(run: RunMeasure) -> str:
 def local_batch(run: RunMeasure) -> float:
     """The batch one forward of the run sees: per rank for data parallel, per microbatch for pipelines."""
     if run.is_pipeline:
-        return run.batch_size / (1 if run.spec.get("method") == "pipedream" else run.microbatches)
+        return run.batch_size / run.microbatches  # 1 for a method without microbatches (pipedream)
     return run.batch_size / run.world_size
 
 
