@@ -17,7 +17,7 @@ from harness.project.model import Projected
 from harness.project.profile import BlockCosts
 from harness.project.simulate import SENDS, Task, busy_s, period_s, simulate, simulated_bubble
 from harness.toolkit import uniform_split
-from harness.trace import StepSchedule
+from harness.trace import ScheduledAction, StepSchedule
 
 #: Consecutive steps simulated to reach the steady state (the period is taken over the second half).
 SIMULATED_STEPS = 8
@@ -38,19 +38,32 @@ class StageCosts:
 
 def step_schedule(method: str, stages: int, microbatches: int) -> StepSchedule | None:
     """The registered method's own steady-state step (None: it gives none the projection can re-shape)."""
-    from harness import registry
+    from harness.registry import METHODS, RegistryError
 
     try:
-        cls = registry.METHODS.get(method)
-    except (KeyError, ValueError):
+        cls = METHODS.get(method)
+    except RegistryError:  # a method this installation does not have (a plug-in's, say): its traced shape only
         return None
     return cls.step_schedule(stages, microbatches)
+
+
+def required_step_schedule(method: str, stages: int, microbatches: int) -> StepSchedule:
+    """step_schedule, or ValueError naming the method when it gives none."""
+    step = step_schedule(method, stages, microbatches)
+    if step is None:
+        raise ValueError(f"{method}: its method gives no schedule to re-shape (Method.step_schedule)")
+    return step
+
+
+def _op(action: ScheduledAction) -> str:
+    """The action's op as a TraceEvent op string (a method's op may be a str enum)."""
+    return getattr(action.op, "value", action.op)
 
 
 def forwards_per_step(step: StepSchedule) -> int:
     """How many microbatches (or minibatches) the first stage runs forward per step: the batch over the
     microbatch size."""
-    return max(1, sum(getattr(a.op, "value", a.op) == "forward" for a in step.ranks[0]))
+    return max(1, sum(_op(a) == "forward" for a in step.ranks[0]))
 
 
 def schedule_tasks(step: StepSchedule, stages: Sequence[StageCosts], steps: int) -> list[list[Task]]:
@@ -60,7 +73,7 @@ def schedule_tasks(step: StepSchedule, stages: Sequence[StageCosts], steps: int)
     for actions in step.ranks:
         tasks = []
         for a in actions:
-            op, cost = getattr(a.op, "value", a.op), stages[a.stage]
+            op, cost = _op(a), stages[a.stage]
             duration = {"forward": cost.forward_s, "backward": cost.backward_s, "update": cost.update_s,
                         "send_act": cost.send_s, "send_grad": cost.send_s}.get(op, 0.0)
             nbytes = {"send_act": cost.output_bytes,
@@ -73,10 +86,7 @@ def schedule_tasks(step: StepSchedule, stages: Sequence[StageCosts], steps: int)
 def pipeline_tasks(method: str, stages: Sequence[StageCosts], microbatches: int, steps: int) -> list[list[Task]]:
     """Per rank (one stage each), the tasks of `steps` consecutive steps of the method's own schedule; ValueError
     when the method gives none."""
-    step = step_schedule(method, len(stages), microbatches)
-    if step is None:
-        raise ValueError(f"{method}: its method gives no schedule to re-shape (Method.step_schedule)")
-    return schedule_tasks(step, stages, steps)
+    return schedule_tasks(required_step_schedule(method, len(stages), microbatches), stages, steps)
 
 
 def repeat(template: Sequence[Sequence[Task]], steps: int, shift: int) -> list[list[Task]]:
@@ -142,9 +152,7 @@ class PipelineModel:
                   ranges: Sequence[tuple[int, int]] | None) -> tuple[list[list[Task]], list[str]]:
         """Tasks of the method's own schedule at this shape (one stage per rank) and notes; ValueError when none can
         be made."""
-        step = step_schedule(self.method, world_size, microbatches)
-        if step is None:
-            raise ValueError(f"{self.method}: its method gives no schedule to re-shape (Method.step_schedule)")
+        step = required_step_schedule(self.method, world_size, microbatches)
         if self.profile is None or not self.forward_scale:
             raise ValueError("no block costs to re-shape the pipeline")
         if ranges is None:
@@ -248,8 +256,7 @@ def fit_blocks(model: PipelineModel, measure: RunMeasure, profile: BlockCosts) -
     profiled sum at that microbatch), update seconds spread over a stage's blocks by parameter bytes, the median
     send's local seconds, and the measured bytes per message over the profiled activation bytes."""
     durations = measure.durations()
-    step = step_schedule(model.method, len(model.ranges), model.microbatches)
-    count = forwards_per_step(step) if step is not None else model.microbatches
+    count = model.microbatches  # from the run's params: 1 for a method without microbatches (pipedream)
     microbatch = model.batch_size / count
     forward, backward, _ = profile.at(microbatch)
     blocks = profile.blocks
