@@ -227,7 +227,7 @@ class APapo(PipelineMethod):
     def train_step(self, batch: Batch) -> StepStats:
         t, m = batch.step, self.ctx.params.microbatches
         self.iterations = t + 1
-        sizes = [len(part) for part in torch.tensor_split(batch.indices, m)]
+        sizes = self.microbatch_sizes(len(batch))
         views = self.views(batch, sizes, [t * m + j for j in range(m)], iteration=t)
         stats = self.run(self.segment(t), views, t)
         if self.watch is not None:

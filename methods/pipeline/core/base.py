@@ -26,7 +26,7 @@ from methods.pipeline.core.placement import Placement
 from methods.pipeline.core.records import StageClock, memory_peaks, step_extra
 from methods.pipeline.core.stage import BackwardMode, Stage
 from methods.pipeline.core.versions import WeightPolicy
-from methods.pipeline.core.views import minibatch_split, stage_views
+from methods.pipeline.core.views import split_sizes, stage_views
 
 
 class PipelineMethod(Method):
@@ -243,9 +243,12 @@ class PipelineMethod(Method):
         the asynchronous pipelines' cool-down, so every minibatch of the budget is applied."""
         return self.run(schedule, self.views(None, [], []), -1)
 
-    def minibatch_split(self) -> list[int]:
-        """A full minibatch's microbatch sizes (M = the params' `microbatches`, else 1; views.minibatch_split)."""
-        return minibatch_split(self.ctx.params.batch_size, getattr(self.ctx.params, "microbatches", 1))
+    def microbatch_sizes(self, samples: int | None = None) -> list[int]:
+        """`samples` (default: a full minibatch) cut into the params' M `microbatches` (else 1) consecutive
+        microbatches. A full minibatch's sizes are those of every message of a microbatch cut in an earlier step
+        (executor.Sizes)."""
+        samples = self.ctx.params.batch_size if samples is None else samples
+        return split_sizes(samples, getattr(self.ctx.params, "microbatches", 1))
 
     def views(self, batch: Batch | None, sizes: list[int], ids: list[int], iteration: int = 0
               ) -> dict[int, Microbatches]:
@@ -254,7 +257,7 @@ class PipelineMethod(Method):
         mine = range(self.num_stages) if self.virtual else self.placement.stages_of(self.ctx.rank)
         return stage_views(batch, sizes, ids, iteration, mine, self.num_stages - 1,
                            lambda s, mb: self.virtual or self.placement.owner(s, mb) == self.ctx.rank,
-                           self.ctx.device, self.minibatch_split())
+                           self.ctx.device, self.microbatch_sizes())
 
     # -- evaluation through the pipeline ---------------------------------------------------------------------------
     def evaluate(self, test: TensorData) -> EvalResult:

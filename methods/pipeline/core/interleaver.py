@@ -10,7 +10,6 @@ from methods.pipeline.core.actions import Action, Op, Schedule
 from methods.pipeline.core.placement import Placement
 
 
-#: A message between stages: (kind 'act' or 'grad', the sending stage, iteration, microbatch).
 class Deadlock(RuntimeError):
     """Raised when no worker can make progress: each waits for a message or collective that never comes."""
 

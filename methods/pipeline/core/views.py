@@ -10,10 +10,9 @@ from harness.data.tensors import Batch
 from methods.pipeline.core.executor import Microbatches, Sizes
 
 
-def minibatch_split(batch_size: int, microbatches: int) -> list[int]:
-    """The sizes of a full minibatch's consecutive microbatches, as torch.tensor_split cuts it: the size of every
-    message of a microbatch cut in an earlier step (executor.Sizes)."""
-    return [len(part) for part in torch.tensor_split(torch.arange(batch_size), microbatches)]
+def split_sizes(samples: int, microbatches: int) -> list[int]:
+    """The sizes of `samples` cut into consecutive microbatches, as torch.tensor_split cuts them."""
+    return [len(part) for part in torch.tensor_split(torch.arange(samples), microbatches)]
 
 
 def stage_views(batch: Batch | None, sizes: list[int], ids: list[int], iteration: int, stages: Iterable[int],

@@ -63,7 +63,7 @@ class FlushedPipeline(PipelineMethod):
 
     def train_step(self, batch: Batch) -> StepStats:
         m = self.ctx.params.microbatches
-        sizes = [len(part) for part in torch.tensor_split(batch.indices, m)]
+        sizes = self.microbatch_sizes(len(batch))
         return self.run(self.schedule, self.views(batch, sizes, list(range(m))), batch.step)
 
     # A flushed pipeline holds nothing in flight between steps: its state is each stage's weights and optimizer.

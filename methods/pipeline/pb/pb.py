@@ -117,7 +117,7 @@ class PipelinedBackprop(PipelineMethod):
     def _views(self, t: int, batch: Batch | None) -> dict[int, Microbatches]:
         """Each local stage's view of tick t: every sample still in flight has the batch size; stage 0 loads sample t,
         the last stage the labels of sample t-(S-1), kept since its step (sizes: the core's rule, executor.Sizes)."""
-        last, split = self.num_stages - 1, self.minibatch_split()
+        last, split = self.num_stages - 1, self.microbatch_sizes()
         local = range(self.num_stages) if self.virtual else self.placement.stages_of(self.ctx.rank)
         views = {s: Microbatches(sizes=Sizes({}, split)) for s in local}
         if 0 in views and batch is not None:

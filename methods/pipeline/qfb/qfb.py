@@ -118,7 +118,7 @@ class QFB(PipelineMethod):
     # -- steps -----------------------------------------------------------------------------------------------------
     def train_step(self, batch: Batch) -> StepStats:
         p, t = self.ctx.params, batch.step
-        sizes = [len(part) for part in torch.tensor_split(batch.indices, p.microbatches)]
+        sizes = self.microbatch_sizes(len(batch))
         views = self.views(batch, sizes, list(range(p.microbatches)), iteration=t)
         if p.sync == "bounded":
             self._open_window(t)
