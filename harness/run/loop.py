@@ -24,12 +24,14 @@ from harness.run.usage import UsageSample, usage_record
 from harness.suite.spec import RunSpec
 
 # Ranks agree on time-based decisions (time budget, eval_every_seconds) and on divergence with one tiny all-reduce
-# (category `control`) about every CONTROL_PERIOD_S of train time. It is asynchronous: launched at step t with each
-# rank's flags, its result is collected and acted on at step t + L by every rank, where L (1 to CONTROL_MAX_STEPS,
-# from the measured step time) was itself agreed by the previous round. A rank ahead of the others (a pipeline's
-# first stage) therefore never waits for them unless it is more than L steps ahead.
+# (category `control`) about every CONTROL_PERIOD_S of train time, and at least every CONTROL_MAX_STEPS steps. It is
+# asynchronous: launched at step t with each rank's flags, its result is collected and acted on at step t + L by every
+# rank, where L (1 to CONTROL_MAX_STEPS, from the measured step time) was itself agreed by the previous round. A rank
+# ahead of the others (a pipeline's first stage) therefore never waits for them unless it is more than L steps ahead,
+# and a non-finite loss on any rank stops every rank within 2L - 1 <= 7 steps of it (the round also carries the first
+# such step, so the message names it whichever rank saw it).
 CONTROL_PERIOD_S = 0.5
-CONTROL_MAX_STEPS = 64
+CONTROL_MAX_STEPS = 4
 
 
 @dataclass
@@ -104,7 +106,8 @@ class Loop:
         self.step = 0
         self.last_eval: dict[str, Any] | None = None
         self._next_eval_time = spec.budget.eval_every_seconds or math.inf
-        self._diverged_at: int | None = None
+        self._diverged_at: int | None = None  # this rank's first step with a non-finite loss
+        self._first_nonfinite: int | None = None  # the first such step on any rank (agreed)
         self._next_sync_step = 1
         self._interval = 1
         self._control = None  # (future, flags) of the control round in flight
@@ -126,8 +129,9 @@ class Loop:
             if diverged:
                 self._settle()
                 self.method.end_training()
+                first = self._first_nonfinite or self.step
                 return Outcome("diverged", self.step, self.order.epoch_of(self.step), self._samples(),
-                               self.last_eval, f"non-finite loss at step {self._diverged_at or self.step}")
+                               self.last_eval, f"non-finite loss at step {first} (stopped after step {self.step})")
             if time_up or self._last():
                 break  # the final evaluation comes after end_training, below
             if eval_due:
@@ -200,8 +204,10 @@ class Loop:
         train_s = self.clock.train()
         time_up = self.plan.max_train_seconds is not None and train_s >= self.plan.max_train_seconds
         eval_due = train_s >= self._next_eval_time
-        if self.comm.world_size > 1:
-            agreed = [False, False, False, 0]
+        if self.comm.world_size == 1:
+            self._first_nonfinite = self._diverged_at
+        else:
+            agreed = [False, False, False, 0, -math.inf]
             if self._control is not None and (self.step >= self._next_sync_step or last):
                 agreed = self._collect()
             if last:  # the final step: one blocking round on the current flags, so nothing is left unsaid
@@ -211,6 +217,8 @@ class Loop:
             elif self._control is None:
                 self._launch(diverged, time_up, eval_due, stop, train_s)
             diverged, time_up, eval_due, stop = bool(agreed[0]), bool(agreed[1]), bool(agreed[2]), int(agreed[3])
+            if diverged and math.isfinite(agreed[4]):
+                self._first_nonfinite = int(-agreed[4])
         if eval_due:
             while self._next_eval_time <= train_s:
                 self._next_eval_time += self.spec.budget.eval_every_seconds or math.inf
@@ -218,7 +226,9 @@ class Loop:
 
     def _launch(self, diverged: bool, time_up: bool, eval_due: bool, stop: int, train_s: float) -> None:
         proposal = min(CONTROL_MAX_STEPS, max(1, int(CONTROL_PERIOD_S * self.step / max(train_s, 1e-9))))
-        flags = torch.tensor([float(diverged), float(time_up), float(eval_due), float(stop), float(proposal)])
+        first = -float(self._diverged_at) if self._diverged_at is not None else -math.inf  # MAX: the earliest
+        flags = torch.tensor([float(diverged), float(time_up), float(eval_due), float(stop), float(proposal), first],
+                             dtype=torch.float64)
         future = self.comm.all_reduce(flags, "control", op=torch.distributed.ReduceOp.MAX, async_op=True)
         self._control = (future, flags)
         self._next_sync_step = self.step + self._interval
@@ -229,12 +239,13 @@ class Loop:
             self._collect()
 
     def _collect(self) -> list[float]:
-        """The agreed flags: (diverged, time_up, eval_due, stop signal), each the max over ranks."""
+        """The agreed flags: (diverged, time_up, eval_due, stop signal, minus the first non-finite step), each the
+        max over ranks."""
         future, flags = self._control
         future.wait()
         self._control = None
         self._interval = int(flags[4])  # the same on every rank: the max of the proposals
-        return flags[:4].tolist()
+        return [*flags[:4].tolist(), float(flags[5])]
 
     def _log_train(self, loss: float, extra: dict[str, Any]) -> None:
         sent, recv = self.comm.ledger.training_bytes()
