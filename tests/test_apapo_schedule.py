@@ -8,17 +8,26 @@ import pytest
 from methods.pipeline.core.actions import Op, compute_order
 from methods.pipeline.core.interleaver import Interleaver, validate
 from methods.pipeline.core.placement import Placement, place
-from methods.pipeline.core.schedules import apapo, gate, one_f_one_b, segment, version_delay, version_of
+from methods.pipeline.core.schedules import (
+    apapo,
+    gate,
+    one_f_one_b,
+    segment,
+    version_delay,
+    version_delays,
+    version_of,
+)
 from methods.pipeline.core.schedules import apapo_drain as drain
 
-CASES = [(s, m, k) for s in (1, 2, 3, 4) for m in (1, 2, 3, 4, 5) for k in (1, 2, 3)]
+CASES = [(s, m, k, rule) for s in (1, 2, 3, 4) for m in (1, 2, 3, 4, 5) for k in (1, 2, 3)
+         for rule in ("uniform", "per_stage")]
 
 
-@pytest.mark.parametrize("stages,microbatches,k", CASES)
-def test_the_whole_run_and_every_step_are_valid(stages, microbatches, k):
+@pytest.mark.parametrize("stages,microbatches,k,rule", CASES)
+def test_the_whole_run_and_every_step_are_valid(stages, microbatches, k, rule):
     iterations = 5
-    validate(apapo(stages, microbatches, k, iterations))
-    d = version_delay(stages, k)
+    validate(apapo(stages, microbatches, k, iterations, rule))
+    d = version_delays(stages, microbatches, k, rule)
     sim = Interleaver(Placement.one_per_rank(stages))
     for t in range(iterations):
         sim.advance([segment(s, stages, microbatches, d, t) for s in range(stages)])
@@ -27,10 +36,10 @@ def test_the_whole_run_and_every_step_are_valid(stages, microbatches, k):
     assert not sim.in_flight
 
 
-@pytest.mark.parametrize("stages,microbatches,k", CASES)
-def test_each_stage_runs_every_microbatch_once_and_one_update_per_iteration(stages, microbatches, k):
+@pytest.mark.parametrize("stages,microbatches,k,rule", CASES)
+def test_each_stage_runs_every_microbatch_once_and_one_update_per_iteration(stages, microbatches, k, rule):
     iterations = 4
-    for actions in apapo(stages, microbatches, k, iterations):
+    for actions in apapo(stages, microbatches, k, iterations, rule):
         total = iterations * microbatches
         assert [a.mb for a in actions if a.op is Op.FORWARD] == list(range(total))
         assert [a.mb for a in actions if a.op is Op.BACKWARD] == list(range(total))
@@ -41,9 +50,9 @@ def test_each_stage_runs_every_microbatch_once_and_one_update_per_iteration(stag
                 assert a.iteration == a.mb // microbatches
 
 
-@pytest.mark.parametrize("stages,microbatches,k", CASES)
-def test_at_most_s_minus_s_microbatches_and_k_iterations_are_in_flight(stages, microbatches, k):
-    for s, actions in enumerate(apapo(stages, microbatches, k, 6)):
+@pytest.mark.parametrize("stages,microbatches,k,rule", CASES)
+def test_at_most_s_minus_s_microbatches_and_k_iterations_are_in_flight(stages, microbatches, k, rule):
+    for s, actions in enumerate(apapo(stages, microbatches, k, 6, rule)):
         in_flight: set[int] = set()
         for a in actions:
             if a.op is Op.FORWARD:
@@ -54,20 +63,43 @@ def test_at_most_s_minus_s_microbatches_and_k_iterations_are_in_flight(stages, m
                 in_flight.remove(a.mb)
 
 
-@pytest.mark.parametrize("stages,microbatches,k", CASES)
-def test_every_forward_finds_its_weight_version_made_and_kept(stages, microbatches, k):
-    """Before F(u) at stage s, version t - D exists (that many updates ran) and, with D >= 1, no update newer than
-    the one of iteration t - 1 has run (so at most D + 1 versions are in use): the 2BW bound for D = 1."""
-    d = version_delay(stages, k)
-    for actions in apapo(stages, microbatches, k, 6):
+@pytest.mark.parametrize("stages,microbatches,k,rule", CASES)
+def test_every_forward_finds_its_weight_version_made_and_kept(stages, microbatches, k, rule):
+    """Before F(u) at stage s, version t - D_s exists (that many updates ran) and, with D_s >= 1, no update newer
+    than the one of iteration t - 1 has run (so at most D_s + 1 versions are in use): the 2BW bound for D = 1."""
+    delays = version_delays(stages, microbatches, k, rule)
+    for s, actions in enumerate(apapo(stages, microbatches, k, 6, rule)):
         updates = 0
         for a in actions:
             if a.op is Op.UPDATE:
                 updates += 1
             elif a.op is Op.FORWARD:
                 t = a.mb // microbatches
-                assert updates >= version_of(a.mb, microbatches, d)
+                assert updates >= version_of(a.mb, microbatches, delays[s])
                 assert updates <= t  # iteration t's own update comes after its forwards
+
+
+@pytest.mark.parametrize("stages,microbatches,k", [(s, m, k) for s in (2, 3, 4) for m in (1, 2, 3, 4) for k in (2, 3)])
+def test_per_stage_delays_are_the_least_that_keep_1f1bs_bound(stages, microbatches, k):
+    """per_stage: D_s = min(K-1, ceil((S-1-s)/M)); at that delay the version term of the gate never binds (so the
+    stage runs plain 1F1B, no extra bubble), and one version less would bind for some forward (it is the least)."""
+    delays = version_delays(stages, microbatches, k, "per_stage")
+    assert delays[-1] == 0 and list(delays) == sorted(delays, reverse=True)
+    for s, d in enumerate(delays):
+        assert d <= k - 1
+        if d == -(-(stages - 1 - s) // microbatches):  # not capped by K
+            assert all(gate(u, s, stages, microbatches, d) == max(-1, u - (stages - s)) for u in range(30))
+        if d > 0:
+            assert any(gate(u, s, stages, microbatches, d - 1) > max(-1, u - (stages - s)) for u in range(30))
+
+
+def test_per_stage_delays_at_two_stages_are_pipedreams():
+    assert version_delays(2, 4, 2, "per_stage") == (1, 0)
+    assert version_delays(4, 4, 2, "per_stage") == (1, 1, 1, 0)
+    assert version_delays(4, 1, 3, "per_stage") == (2, 2, 1, 0)  # capped at K - 1 = 2 at stage 0
+    assert version_delays(3, 2, 2, "uniform") == (1, 1, 1) and version_delays(1, 4, 3, "per_stage") == (0,)
+    with pytest.raises(ValueError, match="unknown delay rule"):
+        version_delays(2, 4, 2, "stale")
 
 
 def test_k1_is_a_flush_with_1f1bs_order_every_iteration():

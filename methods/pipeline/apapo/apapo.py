@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from harness.data.tensors import Batch
@@ -27,6 +27,7 @@ from methods.pipeline.core.overlap import ArrivalWatch, overlap_summary, read_re
 from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import Placement, place
 from methods.pipeline.core.planning import Plan
+from methods.pipeline.core.spike import SpikeCompensatedSGD
 from methods.pipeline.core.versions import DoubleBuffered, WeightPolicy
 
 
@@ -34,6 +35,15 @@ class APapoParams(PipelineParams):
     microbatches: int = Field(default=4, ge=1, description="microbatches per iteration (M); one update per iteration")
     iterations_in_flight: int = Field(default=2, ge=1, description="K: iterations a stage may have in flight; weights "
                                       "are K-1 versions old (2: PipeDream-2BW's double buffering; 1: a flush)")
+    delays: schedules.DelayRule = Field(
+        default="uniform", description="uniform: every stage's weights K-1 versions old (PipeDream-2BW); per_stage: "
+        "each stage only as old as its place in 1F1B needs (ceil((S-1-s)/M), at most K-1: none at the last stage)")
+    compensation: Literal["none", "sc"] = Field(
+        default="none", description="sc: spike compensation SC_D with each stage's delay D_s (Kosson et al.); "
+        "none: the run's momentum SGD")
+    prediction: Literal["none", "lwp_v"] = Field(
+        default="none", description="lwp_v: each stage's forwards and backwards run on its version predicted D_s "
+        "updates ahead, w - lr·D·v; none: the version as it is")
     partition: Literal["antichain", "uniform"] | list[int] = Field(
         default="antichain", description="'antichain' (the DP over the layer graph's down-sets, on the measured "
         "ranks and links), 'uniform' (equal layer counts in topological order), or the first layer node of every "
@@ -48,6 +58,17 @@ class APapoParams(PipelineParams):
         default="measured", description="each rank's compute speed relative to rank 0, or 'measured'")
     bandwidth: Literal["measured"] | float | list[list[float]] = Field(  # type: ignore[assignment]
         default="measured", description="bytes/s of every link: one number, a ranks x ranks matrix, or 'measured'")
+
+    @model_validator(mode="after")
+    def _momentum_sgd(self) -> APapoParams:
+        """Spike compensation and velocity prediction need momentum SGD as SC and LWP define it."""
+        if self.compensation == "sc" and self.nesterov:
+            raise ValueError("compensation = 'sc' is undampened heavy-ball momentum, not Nesterov's: set "
+                             "nesterov = false")
+        if self.prediction == "lwp_v" and self.momentum == 0:
+            raise ValueError("prediction = 'lwp_v' predicts with the velocity, and momentum 0 keeps none, so it "
+                             "would predict nothing: set momentum > 0 or prediction = 'none'")
+        return self
 
 
 class APapo(PipelineMethod):
@@ -130,17 +151,31 @@ class APapo(PipelineMethod):
         self.watch = ArrivalWatch() if ctx.world_size > 1 and ctx.params.overlap else None
         self.layer_plan = LayerPlan([], ())  # the partition (make_blocks: the planner's, agreed by every rank)
         super().__init__(ctx)
-        self.delay = schedules.version_delay(self.num_stages, ctx.params.iterations_in_flight)
+        self.delays = self.stage_delays(self.num_stages)
         self.iterations = 0  # steps run; the drain completes what is still in flight
         self._check_schedule(ctx.params.iterations_in_flight + 3)
 
     def microbatch_size(self) -> int:
         return max(1, self.ctx.params.batch_size // self.ctx.params.microbatches)
 
+    def stage_delays(self, stages: int) -> tuple[int, ...]:
+        """Every stage's delay D_s (schedules.version_delays under the run's `delays` rule)."""
+        p = self.ctx.params
+        return schedules.version_delays(stages, p.microbatches, p.iterations_in_flight, p.delays)
+
+    def make_optimizer(self, stage: int, module: nn.Module) -> torch.optim.Optimizer:
+        """With compensation 'sc': spike-compensated SGD for the stage's delay; else the run's SGD."""
+        p = self.ctx.params
+        if p.compensation == "none":
+            return super().make_optimizer(stage, module)
+        delay = self.stage_delays(self.num_stages)[stage]
+        return SpikeCompensatedSGD(module.parameters(), lr=p.lr, momentum=p.momentum, delay=delay,
+                                   weight_decay=p.weight_decay)
+
     def make_policy(self, stage: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer
                     ) -> WeightPolicy:
-        delay = schedules.version_delay(stages, self.ctx.params.iterations_in_flight)
-        return DoubleBuffered(module, self.ctx.params.microbatches, delay)
+        p = self.ctx.params
+        return DoubleBuffered(module, p.microbatches, self.stage_delays(stages)[stage], optimizer, p.prediction)
 
     def make_placement(self, stages: int, replicas: list[int]) -> Placement:
         return Placement(self.layer_plan.groups)
@@ -201,7 +236,8 @@ class APapo(PipelineMethod):
         record = self.layer_plan.record
         params = self.ctx.params
         record["schedule"] = {"microbatches": params.microbatches, "iterations_in_flight": params.iterations_in_flight,
-                              "delay": schedules.version_delay(len(blocks), params.iterations_in_flight),
+                              "delays": list(self.stage_delays(len(blocks))), "delay_rule": params.delays,
+                              "compensation": params.compensation, "prediction": params.prediction,
                               "overlap": params.overlap}
         return Plan([(s, s + 1) for s in range(len(blocks))], [len(g) for g in self.layer_plan.groups], record)
 
@@ -212,7 +248,7 @@ class APapo(PipelineMethod):
     def segment(self, iteration: int) -> Schedule:
         """Step `iteration`'s actions, one list per rank."""
         m, s_count = self.ctx.params.microbatches, self.num_stages
-        return self._placed(lambda s: schedules.segment(s, s_count, m, self.delay, iteration))
+        return self._placed(lambda s: schedules.segment(s, s_count, m, self.delays, iteration))
 
     def _check_schedule(self, iterations: int) -> None:
         """Run the first steps and a drain through the Interleaver (no deadlock, streams in order, nothing left)."""
@@ -220,7 +256,7 @@ class APapo(PipelineMethod):
         check = Interleaver(self.placement)
         for t in range(iterations):
             check.advance(self.segment(t))
-        check.advance(self._placed(lambda s: schedules.apapo_drain(s, s_count, m, self.delay, iterations)))
+        check.advance(self._placed(lambda s: schedules.apapo_drain(s, s_count, m, self.delays, iterations)))
         if check.in_flight:
             raise RuntimeError(f"apapo's schedule leaves messages unreceived: {sorted(check.in_flight)}")
 
@@ -239,7 +275,7 @@ class APapo(PipelineMethod):
 
     def end_training(self) -> None:
         t, m = self.iterations, self.ctx.params.microbatches
-        self.drain(self._placed(lambda s: schedules.apapo_drain(s, self.num_stages, m, self.delay, t)))
+        self.drain(self._placed(lambda s: schedules.apapo_drain(s, self.num_stages, m, self.delays, t)))
 
     def finish(self) -> None:
         """As every pipeline, then (rank 0) the overlap accounting of the traced steps into partition.json."""

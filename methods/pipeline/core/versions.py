@@ -145,13 +145,21 @@ class DoubleBuffered(WeightPolicy):
     With D >= 1 the forwards run on detached copies (a version can change while its microbatches are in flight): the
     live version is copied at its first forward, or just before the optimizer steps it (before_update), and a copy
     is dropped once no backward in flight and no later iteration can use it. With D = 1 at most two copies exist.
+    With prediction 'lwp_v' the copy of version k is the weights predicted D updates ahead of it, w_k - lr·D·v_k
+    (Kosson et al.'s LWP_D), and the backward differentiates that same copy.
     """
 
-    def __init__(self, module: nn.Module, microbatches: int, delay: int):
+    def __init__(self, module: nn.Module, microbatches: int, delay: int,
+                 optimizer: torch.optim.Optimizer | None = None, prediction: Prediction = "none"):
         super().__init__(module)
         if microbatches < 1 or delay < 0:
             raise ValueError(f"need microbatches >= 1 and delay >= 0, got {microbatches} and {delay}")
+        if prediction not in ("none", "lwp_v"):
+            raise ValueError(f"double-buffered versions predict by velocity ('lwp_v') or not at all: {prediction!r}")
+        if prediction == "lwp_v" and optimizer is None:
+            raise ValueError("lwp_v reads the velocity from the stage's optimizer: pass it")
         self.microbatches, self.delay = microbatches, delay
+        self.optimizer, self.prediction = optimizer, prediction
         self._versions: dict[int, Weights] = {}
         self._users: dict[int, set[int]] = {}  # version -> microbatches whose backward still needs it
         self._of: dict[int, int] = {}  # microbatch -> version
@@ -165,9 +173,20 @@ class DoubleBuffered(WeightPolicy):
             self._keep_live()
 
     def _keep_live(self) -> None:
-        if self.version not in self._versions:
-            self._versions[self.version] = {name: p.detach().clone().requires_grad_(p.requires_grad)
-                                            for name, p in self.module.named_parameters()}
+        """Copy the live version (with lwp_v: the weights predicted D updates ahead of it, w - lr·D·v, from the
+        velocity it was made with, so iteration t runs on an estimate of version t instead of t - D)."""
+        if self.version in self._versions:
+            return
+        lr = self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else 0.0
+        copies = {}
+        for name, p in self.module.named_parameters():
+            if self.prediction == "lwp_v":
+                velocity = self.optimizer.state.get(p, {}).get("momentum_buffer") if self.optimizer else None
+                w = predict_by_velocity(p, velocity, lr, self.delay)
+            else:
+                w = p.detach().clone()
+            copies[name] = w.requires_grad_(p.requires_grad)
+        self._versions[self.version] = copies
 
     def forward(self, mb: int) -> tuple[int, Weights | None]:
         version = self.wanted_version(mb)

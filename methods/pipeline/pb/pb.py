@@ -16,9 +16,9 @@ from methods.pipeline.core.executor import Microbatches, Sizes
 from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import place
 from methods.pipeline.core.schedules import pb_delay, pb_tick
+from methods.pipeline.core.spike import SpikeCompensatedSGD
 from methods.pipeline.core.stage import BackwardMode
 from methods.pipeline.core.versions import Predicted, WeightPolicy
-from methods.pipeline.pb.spike import SpikeCompensatedSGD
 
 
 def scaled_hyperparameters(lr: float, momentum: float, batch: int, reference_batch: int) -> tuple[float, float]:
