@@ -196,7 +196,7 @@ def test_scaling_rules_to_batch_one_and_their_record_in_the_spec(tmp_path):
     again = PBParams.model_validate(spec.params)  # the worker validates spec.json again: no second scaling
     assert again.lr == spec.params["lr"] and again.momentum == spec.params["momentum"]
     with pytest.raises(ValueError, match="set from lr and momentum by reference_batch"):
-        PBParams(reference_lr=0.1)
+        PBParams(reference_lr=0.1, momentum=0.9)
 
 
 def test_the_groupnorm_cnn_works_at_batch_size_one():
@@ -209,3 +209,14 @@ def test_the_groupnorm_cnn_works_at_batch_size_one():
     assert model(torch.randn(1, 1, 8, 8)).shape == (1, 10)
     with pytest.raises(ValueError, match="unknown norm"):
         digits_cnn(10, "batch")
+
+
+def test_velocity_prediction_without_momentum_is_refused_naming_the_field():
+    from pydantic import ValidationError
+
+    from methods.pipeline.pb.pb import PBParams
+
+    with pytest.raises(ValidationError, match="prediction = 'lwp_v'.*momentum 0"):
+        PBParams(momentum=0.0)  # lwp_v is pb's default prediction
+    assert PBParams(momentum=0.0, prediction="none").prediction == "none"
+    assert PBParams(momentum=0.0, prediction="lwp_w").prediction == "lwp_w"

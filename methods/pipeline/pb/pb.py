@@ -48,6 +48,9 @@ class PBParams(PipelineParams):
 
     @model_validator(mode="after")
     def _scale(self) -> PBParams:
+        if self.prediction == "lwp_v" and self.momentum == 0:
+            raise ValueError("prediction = 'lwp_v' predicts with the velocity, and momentum 0 keeps none, so it "
+                             "would predict nothing: set momentum > 0 or prediction = 'none'")
         if self.reference_batch is None:
             if self.reference_lr is not None or self.reference_momentum is not None:
                 raise ValueError("reference_lr and reference_momentum are set from lr and momentum by "
