@@ -85,19 +85,21 @@ def test_without_delay_apapo_is_sgd_with_the_same_accumulation(params):
                                                            (4, 1, "uniform")])
 def test_two_iterations_in_flight_give_2bws_update_exactly(stages, microbatches, partition):
     method = _make("apapo", {"stages": stages, "partition": partition, "microbatches": microbatches,
-                             "iterations_in_flight": 2})
+                             "iterations_in_flight": 2, "delays": "uniform", "prediction": "none"})
     _train(method, 6)
     torch.testing.assert_close(_flat(method), _reference(6, microbatches, delay=1), rtol=0, atol=1e-6)
 
 
 def test_three_iterations_in_flight_delay_two_updates():
-    method = _make("apapo", {"stages": 3, "partition": "uniform", "microbatches": 1, "iterations_in_flight": 3})
+    method = _make("apapo", {"stages": 3, "partition": "uniform", "microbatches": 1, "iterations_in_flight": 3,
+                             "delays": "uniform", "prediction": "none"})
     _train(method, 6)
     torch.testing.assert_close(_flat(method), _reference(6, 1, delay=2), rtol=0, atol=1e-6)
 
 
 def test_every_forward_and_backward_uses_version_t_minus_one_action_by_action():
-    method = _make("apapo", {"stages": 3, "partition": "uniform", "microbatches": 2})
+    method = _make("apapo", {"stages": 3, "partition": "uniform", "microbatches": 2, "delays": "uniform",
+                             "prediction": "none"})
     data = method.ctx.workload.train
     order = DataOrder(len(data), 32, seed=0)
     seen = {}
@@ -131,6 +133,34 @@ def test_the_antichain_plan_and_its_record(tmp_path):
     assert len(stages) == 3 and sorted(n for s in stages for n in s["nodes"]) == list(range(len(record["layers"])))
     assert all(s["predicted_s"] > 0 and s["measured_compute_s"] > 0 for s in record["stages"])
     assert record["dp_states"] > len(record["layers"]) // 2
+    choice = record["choice"]  # why: the chosen plan's predicted time beside the alternatives'
+    assert choice["chosen"] == "pipeline, one rank per stage" and choice["stages"] == 3
+    assert choice["predicted_s"] == pytest.approx(choice["one_rank_per_stage_s"]) and choice["data_parallel_s"] > 0
+    assert record["schedule"]["delays"] == [1, 1, 0] and record["schedule"]["prediction"] == "lwp_v"
+
+
+def test_a_counted_profile_makes_the_plan_the_same_on_every_run(tmp_path):
+    """profile = 'counted' with given speeds and bandwidth: FLOPs and bytes, no clock, so two runs (here with
+    different torch thread counts, which change every measured time) plan exactly the same cut."""
+    params = {"stages": 3, "replicate": True, "profile": "counted", "rank_speeds": [1.0, 1.0, 0.5], "bandwidth": 1e9}
+    records = []
+    for threads, run_dir in [(1, tmp_path / "a"), (2, tmp_path / "b")]:
+        run_dir.mkdir()
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            method = _make("apapo", params, run_dir=run_dir)
+            _train(method, 1)
+            method.finish()
+        finally:
+            torch.set_num_threads(before)
+        records.append(json.loads((run_dir / "partition.json").read_text()))
+    first, second = records
+    assert [layer["forward_s"] for layer in first["layers"]] == [layer["forward_s"] for layer in second["layers"]]
+    assert first["graph_plan"] == second["graph_plan"] and first["choice"] == second["choice"]
+    assert first["choice"]["deterministic"] and first["profile"] == "counted"
+    convs = [layer for layer in first["layers"] if layer["name"].startswith("conv") or "conv" in layer["name"]]
+    assert convs and all(layer["forward_s"] > 0 and layer["backward_s"] > layer["forward_s"] for layer in convs)
 
 
 def _ranks(rank, world_size, params, steps, run_dir):

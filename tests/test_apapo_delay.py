@@ -73,9 +73,10 @@ def _reference(modules, params, steps: int, batch_size: int = 32) -> torch.Tenso
 
 
 VARIANTS = [
-    {"delays": "per_stage"},
-    {"delays": "uniform", "compensation": "sc"},
-    {"delays": "uniform", "prediction": "lwp_v"},
+    {"delays": "per_stage", "compensation": "none", "prediction": "none"},
+    {"delays": "uniform", "compensation": "sc", "prediction": "none"},
+    {"delays": "uniform", "compensation": "none", "prediction": "lwp_v"},
+    {"delays": "per_stage", "compensation": "none", "prediction": "lwp_v"},  # the default
     {"delays": "per_stage", "compensation": "sc", "prediction": "lwp_v"},
 ]
 
@@ -123,3 +124,13 @@ def test_bad_combinations_name_the_field():
         APapo.Params(compensation="sc", momentum=0.9, nesterov=True)
     with pytest.raises(ValidationError, match="delays"):
         APapo.Params(delays="stale")
+
+
+def test_the_default_is_per_stage_delays_with_velocity_prediction_and_none_without_momentum():
+    from methods.pipeline.apapo.apapo import APapo
+
+    default = APapo.Params(momentum=0.9)
+    assert (default.delays, default.compensation, default.prediction) == ("per_stage", "none", "lwp_v")
+    resolved = APapo.Params(momentum=0.0)
+    assert resolved.prediction == "none"  # no velocity to predict with: the default resolves, spec.json records it
+    assert APapo.Params.model_validate(resolved.model_dump()).prediction == "none"

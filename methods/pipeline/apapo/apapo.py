@@ -16,6 +16,7 @@ from harness.method import RunContext, StepStats
 from harness.toolkit import uniform_split
 from methods.blocks import VIRTUAL_DEFAULT_PARTS, too_few
 from methods.pipeline.apapo import antichain, layers
+from methods.pipeline.apapo.graph import LayerGraph
 from methods.pipeline.apapo.hardware import hardware_for
 from methods.pipeline.apapo.plan import LayerPlan, agree
 from methods.pipeline.core import schedules
@@ -36,14 +37,16 @@ class APapoParams(PipelineParams):
     iterations_in_flight: int = Field(default=2, ge=1, description="K: iterations a stage may have in flight; weights "
                                       "are K-1 versions old (2: PipeDream-2BW's double buffering; 1: a flush)")
     delays: schedules.DelayRule = Field(
-        default="uniform", description="uniform: every stage's weights K-1 versions old (PipeDream-2BW); per_stage: "
-        "each stage only as old as its place in 1F1B needs (ceil((S-1-s)/M), at most K-1: none at the last stage)")
+        default="per_stage", description="per_stage (default): each stage's weights only as old as its place in 1F1B "
+        "needs (ceil((S-1-s)/M) versions, at most K-1: none at the last stage); uniform: every stage's K-1 versions "
+        "old (PipeDream-2BW)")
     compensation: Literal["none", "sc"] = Field(
         default="none", description="sc: spike compensation SC_D with each stage's delay D_s (Kosson et al.); "
         "none: the run's momentum SGD")
     prediction: Literal["none", "lwp_v"] = Field(
-        default="none", description="lwp_v: each stage's forwards and backwards run on its version predicted D_s "
-        "updates ahead, w - lr·D·v; none: the version as it is")
+        default="lwp_v", description="lwp_v (default; 'none' when momentum is 0, which keeps no velocity): each "
+        "stage's forwards and backwards run on its version predicted D_s updates ahead, w - lr·D·v; none: the "
+        "version as it is")
     partition: Literal["antichain", "uniform"] | list[int] = Field(
         default="antichain", description="'antichain' (the DP over the layer graph's down-sets, on the measured "
         "ranks and links), 'uniform' (equal layer counts in topological order), or the first layer node of every "
@@ -52,6 +55,10 @@ class APapoParams(PipelineParams):
                                        "(default one rank each); 'antichain' chooses them itself")
     replicate: bool = Field(default=True, description="antichain: may replicate stages where it pays (False: one "
                             "rank per stage, as many stages as ranks)")
+    profile: Literal["measured", "counted"] = Field(
+        default="measured", description="the layer costs the DP plans with: 'measured' (each layer timed on rank 0) "
+        "or 'counted' (FLOPs and bytes moved on a nominal rank: deterministic, so with rank_speeds and bandwidth "
+        "given the plan is the same on every run and machine)")
     overlap: bool = Field(default=True, description="receives posted ahead and completed by a communication thread, "
                           "sends in the background (False: every transfer blocks at its action)")
     rank_speeds: Literal["measured"] | list[float] = Field(
@@ -66,8 +73,10 @@ class APapoParams(PipelineParams):
             raise ValueError("compensation = 'sc' is undampened heavy-ball momentum, not Nesterov's: set "
                              "nesterov = false")
         if self.prediction == "lwp_v" and self.momentum == 0:
-            raise ValueError("prediction = 'lwp_v' predicts with the velocity, and momentum 0 keeps none, so it "
-                             "would predict nothing: set momentum > 0 or prediction = 'none'")
+            if "prediction" in self.model_fields_set:
+                raise ValueError("prediction = 'lwp_v' predicts with the velocity, and momentum 0 keeps none, so it "
+                                 "would predict nothing: set momentum > 0 or prediction = 'none'")
+            self.prediction = "none"  # the default without momentum (spec.json records the resolved value)
         return self
 
 
@@ -189,7 +198,7 @@ class APapo(PipelineMethod):
         ctx, params = self.ctx, self.ctx.params
         model = ctx.workload.make_model().to(ctx.device)
         workers = self.planned_workers(ctx.world_size, params)
-        traced = layers.trace(model, example, profile=ctx.rank == 0)
+        traced = layers.trace(model, example, profile=params.profile if ctx.rank == 0 else "none")
         hardware = hardware_for(ctx.comm, model, example, workers, params.rank_speeds, params.bandwidth)
         solved = LayerPlan(*self._solve(traced, hardware, workers)) if ctx.rank == 0 else None
         self.layer_plan = agree(solved, traced.graph.size, workers, ctx.comm if ctx.world_size > 1 else None)
@@ -200,7 +209,8 @@ class APapo(PipelineMethod):
         """Rank 0: the plan's down-sets and rank groups, and what partition.json records about it."""
         params, graph = self.ctx.params, traced.graph
         record: dict[str, Any] = {"mode": params.partition if isinstance(params.partition, str) else "manual",
-                                  "rank_speeds": hardware.speeds, "bandwidth": hardware.bandwidth}
+                                  "profile": params.profile, "rank_speeds": hardware.speeds,
+                                  "bandwidth": hardware.bandwidth}
         if params.partition == "antichain":
             plan = antichain.antichain_partition(graph, hardware, params.stages, params.replicate)
             prefixes, total = [], 0
@@ -209,6 +219,7 @@ class APapo(PipelineMethod):
                 prefixes.append(total)
             groups = [stage.ranks for stage in plan.stages]
             record["dp_states"] = plan.states
+            record["choice"] = self._why(graph, hardware, workers, plan)
         else:
             count = self.requested_stages(self.ctx.world_size, params)
             layer_count = graph.size - 1  # node 0 is the input
@@ -231,6 +242,21 @@ class APapo(PipelineMethod):
                             for i, (name, profile) in enumerate(zip(graph.names, profiles_to_dicts(graph.profiles),
                                                                     strict=True))]
         return prefixes, groups, record
+
+    def _why(self, graph: LayerGraph, hardware: antichain.Hardware, workers: int, plan: antichain.GraphPlan
+             ) -> dict[str, Any]:
+        """Why the DP chose its plan: its predicted time per microbatch beside the best plan of one rank per stage
+        and plain data parallelism (every layer on every rank), on the same profile and hardware."""
+        params = self.ctx.params
+        pipeline = antichain.antichain_partition(graph, hardware, params.stages, False) if workers > 1 else plan
+        replicated = antichain.predict(graph, hardware, [graph.full], [tuple(range(workers))])
+        kind = ("data parallel" if len(plan.stages) == 1 and workers > 1 else
+                "pipeline, one rank per stage" if all(len(s.ranks) == 1 for s in plan.stages) else
+                "pipeline with replicated stages")
+        return {"chosen": kind, "stages": len(plan.stages), "replicas": plan.replicas, "predicted_s": plan.slowest_s,
+                "one_rank_per_stage_s": pipeline.slowest_s, "data_parallel_s": replicated.slowest_s,
+                "deterministic": params.profile == "counted" and params.rank_speeds != "measured"
+                and params.bandwidth != "measured"}
 
     def make_plan(self, blocks: list[nn.Module], example: torch.Tensor, stages: int | None) -> Plan:
         record = self.layer_plan.record

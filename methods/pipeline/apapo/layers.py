@@ -9,10 +9,11 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import fx, nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from methods.pipeline.apapo.graph import LayerGraph, members
 from methods.pipeline.core.block_profile import BlockProfile
@@ -38,13 +39,23 @@ def layer_count(model: nn.Module) -> int:
     return sum(1 for n in fx.symbolic_trace(model).graph.nodes if n.op not in ("placeholder", "output"))
 
 
-def trace(model: nn.Module, example: torch.Tensor, profile: bool = True, repeats: int = 5, warmup: int = 1
-          ) -> TracedModel:
+#: The nominal rank of a counted profile: its times are FLOPs / COUNTED_FLOPS + bytes moved / COUNTED_BYTES (a CPU
+#: core's order of magnitude; only they weigh compute against the links' bytes/s).
+COUNTED_FLOPS = 1e10
+COUNTED_BYTES = 1e10
+
+Profiling = Literal["measured", "counted", "none"]
+
+
+def trace(model: nn.Module, example: torch.Tensor, profile: bool | Profiling = True, repeats: int = 5,
+          warmup: int = 1) -> TracedModel:
     """Trace `model` (one tensor in, one out), run `example` (a microbatch) through it node by node and profile every
     node as profile_blocks profiles a block: forward time, backward time (gradients w.r.t. its tensor inputs and
     its parameters, all-ones output gradient), median of `repeats` after `warmup`; output and parameter bytes.
-    With `profile` False the times are 0 (one forward per node gives the shapes). Parameters, buffers and the RNG
-    are left as they were."""
+    `profile` "counted" (deterministic: the same on every machine and run) gives each pass FLOPs / COUNTED_FLOPS
+    (torch's FlopCounterMode) + the bytes it reads and writes / COUNTED_BYTES instead of timing it; False or "none"
+    gives times of 0 (one forward per node gives the shapes). Parameters, buffers and the RNG are left as they were."""
+    mode: Profiling = "measured" if profile is True else "none" if profile is False else profile
     module = fx.symbolic_trace(model)
     nodes = [n for n in module.graph.nodes if n.op != "output"]
     placeholders = [n for n in nodes if n.op == "placeholder"]
@@ -62,9 +73,12 @@ def trace(model: nn.Module, example: torch.Tensor, profile: bool = True, repeats
             if node.op == "placeholder":
                 out, forward_s, backward_s = example.detach(), 0.0, 0.0
             else:
-                out, forward_s, backward_s = _profile_node(module, node, values, repeats if profile else 1,
-                                                           warmup if profile else 0)
-                if not profile:
+                if mode == "counted":
+                    out, forward_s, backward_s = _count_node(module, node, values)
+                else:
+                    out, forward_s, backward_s = _profile_node(module, node, values, repeats if mode == "measured"
+                                                               else 1, warmup if mode == "measured" else 0)
+                if mode == "none":
                     forward_s = backward_s = 0.0
             if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[0] != example.shape[0]:
                 raise ValueError(f"layer {node.name} does not return a batch of tensors; the layer graph needs "
@@ -122,6 +136,27 @@ def _profile_node(module: fx.GraphModule, node: fx.Node, values: dict, repeats: 
             forwards.append(middle - start)
             backwards.append(time.perf_counter() - middle)
     return out, statistics.median(forwards), statistics.median(backwards)
+
+
+def _count_node(module: fx.GraphModule, node: fx.Node, values: dict) -> tuple[torch.Tensor, float, float]:
+    """A node's forward and backward 'seconds' on the nominal rank: FLOPs / COUNTED_FLOPS + bytes / COUNTED_BYTES
+    (forward: inputs and parameters read, output written; backward: twice that, reading and writing gradients)."""
+    inputs = {p: values[p].detach().requires_grad_(values[p].is_floating_point()) for p in node.all_input_nodes}
+    args = fx.node.map_arg(node.args, lambda n: inputs[n])
+    kwargs = fx.node.map_arg(node.kwargs, lambda n: inputs[n])
+    params = [p for p in _parameters(module, node) if p.requires_grad]
+    wrt = [t for t in inputs.values() if t.requires_grad] + params
+    with FlopCounterMode(display=False) as forward:
+        out = _call(module, node, args, kwargs)
+    backward_flops = 0
+    if isinstance(out, torch.Tensor) and out.requires_grad and wrt:
+        with FlopCounterMode(display=False) as backward:
+            torch.autograd.grad(out, wrt, grad_outputs=torch.ones_like(out), allow_unused=True)
+        backward_flops = backward.get_total_flops()
+    moved = sum(t.numel() * t.element_size() for t in [*inputs.values(), *params])
+    moved += out.numel() * out.element_size() if isinstance(out, torch.Tensor) else 0
+    return (out, forward.get_total_flops() / COUNTED_FLOPS + moved / COUNTED_BYTES,
+            backward_flops / COUNTED_FLOPS + 2 * moved / COUNTED_BYTES)
 
 
 class BoundaryStage(nn.Module):
