@@ -15,9 +15,13 @@ from methods.pipeline.core.versions import WeightPolicy
 
 #: graph: differentiate the graph the forward built, with the weights the forward used (live, stashed or predicted).
 #: stashed: the same, and the forward must have used a stashed version (PipeDream's weight stashing).
+#: saved: differentiate the graph the forward built (its activations, ReLU masks, normalisation statistics) with the
+#:     weights current at backward time in place of the forward's copy (Pipelined Backpropagation as its paper runs
+#:     it: the weight gradient from the forward's activations, the input gradient through the current weights).
 #: current: the forward keeps only its input; the backward recomputes the stage with the weights current at backward
-#:     time and differentiates that (Pipelined Backpropagation's weight inconsistency, no stash held).
-BackwardMode = Literal["graph", "stashed", "current"]
+#:     time and differentiates that (the weight inconsistency at the price of an extra forward; activations, masks
+#:     and statistics then come from weights the forward never saw).
+BackwardMode = Literal["graph", "stashed", "saved", "current"]
 Key = tuple[int, int]  # (iteration, microbatch)
 
 
@@ -88,8 +92,9 @@ class Stage:
         """Run the forward of microbatch `key` = (iteration, mb); returns the output to send on (the loss on the last
         stage). The policy chooses the weights by mb."""
         version, weights = self.policy.forward(key[1])
-        if self.backward_mode == "stashed" and weights is None and self.policy.needs_stash():
-            raise RuntimeError(f"stage {self.index}: backward mode 'stashed' but the policy gave the live weights")
+        if self.backward_mode in ("stashed", "saved") and weights is None and self.policy.needs_stash():
+            raise RuntimeError(f"stage {self.index}: backward mode {self.backward_mode!r} but the policy gave the "
+                               f"live weights")
         if self.backward_mode == "current":
             with torch.no_grad():
                 out = self._run(x, weights, y, scale)
@@ -129,6 +134,11 @@ class Stage:
             weights = None
         else:
             output, weights = saved.output, saved.weights
+            if self.backward_mode == "saved" and weights is not None:
+                # The forward's copy takes the current values without a version bump (autograd saved it and would
+                # refuse an in-place change): its graph's activations stay the forward's, its weights are now's.
+                for name, w in weights.items():
+                    w.data.copy_(self._params[name].data)
         if weights is None:  # the live weights: autograd accumulates into their .grad, as loss.backward() does
             wrt = list(self._params.values())
         else:  # a stash or a prediction: its leaves collect the gradient, which then moves to the live parameters
@@ -156,9 +166,9 @@ class Stage:
         return self._saved[key].version
 
     def backward_version_of(self, key: Key) -> int:
-        """The weight version the backward of `key` will differentiate: the forward's, or in `current` mode the live
-        one (the updates since the forward are its delay)."""
-        return self.policy.version if self.backward_mode == "current" else self._saved[key].version
+        """The weight version the backward of `key` will differentiate: the forward's, or in `saved` and `current`
+        modes the live one (the updates since the forward are its delay)."""
+        return self.policy.version if self.backward_mode in ("current", "saved") else self._saved[key].version
 
     # -- update and the replicas' gradient sync ----------------------------------------------------------------------
     def flat_gradients(self) -> torch.Tensor:

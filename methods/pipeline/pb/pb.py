@@ -41,6 +41,10 @@ class PBParams(PipelineParams):
     backward_weights: Literal["current", "stashed"] = Field(
         default="current", description="current: the backward uses the weights current at backward time (PB's weight "
                                        "inconsistency); stashed: the weights its forward used")
+    recompute: bool = Field(
+        default=False, description="false: the backward differentiates the graph its forward built (the forward's "
+        "activations; the paper's PB); true: it recomputes the stage's forward from the stored input with the "
+        "current weights (less memory, an extra forward per backward; masks and statistics from the current weights)")
     reference_batch: int | None = Field(
         default=None, ge=1, description="scale lr and momentum from this batch size to batch_size (the paper's rules)")
     reference_lr: float | None = Field(default=None, description="set from lr when reference_batch scales it")
@@ -48,6 +52,9 @@ class PBParams(PipelineParams):
 
     @model_validator(mode="after")
     def _scale(self) -> PBParams:
+        if self.recompute and self.backward_weights == "stashed":
+            raise ValueError("recompute = true with backward_weights = 'stashed' recomputes what the forward's graph "
+                             "already holds, at an extra forward: set recompute = false")
         if self.prediction == "lwp_v" and self.momentum == 0:
             raise ValueError("prediction = 'lwp_v' predicts with the velocity, and momentum 0 keeps none, so it "
                              "would predict nothing: set momentum > 0 or prediction = 'none'")
@@ -97,7 +104,10 @@ class PipelinedBackprop(PipelineMethod):
 
     @property
     def backward_mode(self) -> BackwardMode:  # type: ignore[override]
-        return "current" if self.ctx.params.backward_weights == "current" else "graph"
+        p = self.ctx.params
+        if p.backward_weights == "stashed":
+            return "graph"
+        return "current" if p.recompute else "saved"
 
     def delay(self, stage: int) -> int:
         return pb_delay(stage, self.num_stages)
@@ -111,7 +121,9 @@ class PipelinedBackprop(PipelineMethod):
     def make_policy(self, stage: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer
                     ) -> WeightPolicy:
         p = self.ctx.params
-        return Predicted(module, optimizer, pb_delay(stage, stages), p.prediction, p.backward_weights == "stashed")
+        # Without recompute the forward's weights are kept for its backward: the graph saved them (a copy, as the
+        # optimizer updates the live ones in place meanwhile), and `saved` mode refills it with the current values.
+        return Predicted(module, optimizer, pb_delay(stage, stages), p.prediction, not p.recompute)
 
     # -- ticks -----------------------------------------------------------------------------------------------------
     def _schedule(self, t: int) -> Schedule:
