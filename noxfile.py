@@ -96,6 +96,19 @@ def smoke(session: nox.Session) -> None:
     bad = _unfinished_runs(Path(out) / "smoke")
     if bad:
         session.error(f"{len(bad)} smoke runs did not complete (the report lists them): " + "; ".join(bad))
+    missed = _missed_target(Path(out) / "smoke")
+    if missed:
+        session.error(f"{len(missed)} smoke runs completed without reaching the suite's target accuracy (a "
+                      "configuration at the edge of its stability; the report shows their curves): " + "; ".join(missed))
+
+
+def _missed_target(suite_dir: Path) -> list[str]:
+    """'<run id>: final accuracy <a>' for every run of the report's summary.csv with no time to target."""
+    import csv
+
+    with open(suite_dir / "report" / "summary.csv", newline="") as f:
+        return [f"{row['run_id']}: final accuracy {float(row['final_accuracy']):.3f}" for row in csv.DictReader(f)
+                if row["state"] == "completed" and not row["time_to_target_s"]]
 
 
 def _unfinished_runs(suite_dir: Path) -> list[str]:
