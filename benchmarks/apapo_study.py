@@ -4,6 +4,7 @@ final accuracy, speed-ups over the other methods and the communication hidden by
     python benchmarks/apapo_study.py run [--out results]        # seed 0 of every run, then seed 1, then seed 2
     python benchmarks/apapo_study.py summarize results/apapo     # after `dtbench report results/apapo`
     python benchmarks/apapo_study.py delay                       # the delayed update's accuracy, one process
+    python benchmarks/apapo_study.py handling                    # delay handlings simulated on one process
 
 `run` prints `uptime` before each pass (other work on the machine changes every timing) and writes the report.
 `summarize` prints markdown: per label the mean (and spread over seeds) of samples/s, time to target and final
@@ -108,9 +109,13 @@ def summarize(suite_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def delayed_sgd(batch: int, lr: float, momentum: float, delay: int, epochs: int, seed: int = 0) -> float:
+def delayed_sgd(batch: int, lr: float, momentum: float, delay: int, epochs: int, seed: int = 0,
+                flush_every: int | None = None, fresh_tail: bool = False) -> float:
     """Test accuracy of digits-resnet after `epochs` of W(t+1) = W(t) - SGD(grad f(W(t - delay))): what apapo computes
-    with D = delay (tests/test_apapo.py checks the two agree bitwise), on one process, one thread."""
+    with uniform delays D = delay (tests/test_apapo.py checks the two agree bitwise), on one process, one thread.
+    `flush_every` F: iterations t with t % F == 0 use the current weights (a flush every F iterations); `fresh_tail`:
+    the second half of the parameters (in model order) always uses the current weights, the pattern of per_stage
+    delays on two stages."""
     import torch
     from torch.func import functional_call
 
@@ -123,9 +128,13 @@ def delayed_sgd(batch: int, lr: float, momentum: float, delay: int, epochs: int,
     model = workload.make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     order = DataOrder(len(workload.train), batch, seed)
+    names = [name for name, _ in model.named_parameters()]
+    fresh = set(names[len(names) // 2:]) if fresh_tail else set()
     versions = {0: {k: v.detach().clone() for k, v in model.named_parameters()}}
     for t in range(order.steps_per_epoch * epochs):
-        used = {k: v.clone().requires_grad_(True) for k, v in versions[max(0, t - delay)].items()}
+        d = 0 if flush_every and t % flush_every == 0 else delay
+        old, new = versions[max(0, t - d)], versions[t]
+        used = {k: (new[k] if k in fresh else old[k]).clone().requires_grad_(True) for k in old}
         ids = order.batch(t)
         outputs = functional_call(model, used, (workload.train.inputs(ids),))
         workload.loss(outputs, workload.train.targets(ids)).backward()
@@ -150,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     summary.add_argument("suite_dir", type=Path)
     delay = sub.add_parser("delay", help="accuracy of SGD with a delayed gradient (2BW's update) on digits-resnet")
     delay.add_argument("--epochs", type=int, default=6)
+    handling = sub.add_parser("handling", help="the delay handlings simulated on one process (docs/methods.md, "
+                              "'Delay handling'): none, a flush every 2 iterations, the last half fresh")
+    handling.add_argument("--epochs", type=int, default=10)
+    handling.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args.out, args.seeds)
@@ -159,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
             for d in (0, 1):
                 accuracy = delayed_sgd(batch, lr, momentum, d, args.epochs)
                 print(f"| {batch} | {lr} | {momentum} | {d} | {accuracy:.3f} |", flush=True)
+    elif args.command == "handling":
+        print("| handling (batch 128, lr 0.1, m 0.9, delay 1) | test accuracy per seed |\n| --- | --- |")
+        for name, kwargs in [("none (2BW)", {}), ("flush every 2", {"flush_every": 2}),
+                             ("last half fresh (per_stage)", {"fresh_tail": True})]:
+            accuracies = [delayed_sgd(128, 0.1, 0.9, 1, args.epochs, seed, **kwargs) for seed in args.seeds]
+            print(f"| {name} | {', '.join(f'{a:.3f}' for a in accuracies)} |", flush=True)
     else:
         print(summarize(args.suite_dir))
     return 0

@@ -272,3 +272,11 @@ def test_the_layer_split_of_a_branching_model_equals_the_model():
         for name, grad in grads.items():
             key = next(k for k in got if k.endswith(name.replace(".", "_")) or k.endswith(name))
             torch.testing.assert_close(got[key].grad, grad, rtol=1e-6, atol=1e-7)
+
+
+def test_measured_speeds_and_bandwidths_snap_to_a_grid():
+    from methods.pipeline.apapo.hardware import snap
+
+    assert snap(0.91, 0.5) == 1.0 and snap(1.0, 0.5) == 1.0 and snap(0.96, 0.5) == 1.0  # equal ranks plan as equal
+    assert snap(0.5, 0.5) == 0.5 and snap(0.69, 0.5) == pytest.approx(2 ** -0.5)
+    assert snap(1.3e9, 1.0) == 2.0**30 and snap(0.0, 1.0) == 0.0

@@ -56,15 +56,17 @@ class APapoParams(PipelineParams):
     replicate: bool = Field(default=True, description="antichain: may replicate stages where it pays (False: one "
                             "rank per stage, as many stages as ranks)")
     profile: Literal["measured", "counted"] = Field(
-        default="measured", description="the layer costs the DP plans with: 'measured' (each layer timed on rank 0) "
-        "or 'counted' (FLOPs and bytes moved on a nominal rank: deterministic, so with rank_speeds and bandwidth "
-        "given the plan is the same on every run and machine)")
+        default="counted", description="the layer costs the DP plans with: 'counted' (default: FLOPs, bytes moved and "
+        "a per-pass overhead on a nominal rank, the same on every run and machine) or 'measured' (each layer timed on "
+        "rank 0, which moves the cut from run to run)")
     overlap: bool = Field(default=True, description="receives posted ahead and completed by a communication thread, "
                           "sends in the background (False: every transfer blocks at its action)")
     rank_speeds: Literal["measured"] | list[float] = Field(
-        default="measured", description="each rank's compute speed relative to rank 0, or 'measured'")
+        default="measured", description="each rank's compute speed relative to rank 0, or 'measured' (snapped to "
+        "powers of sqrt 2, so equal ranks plan as equal)")
     bandwidth: Literal["measured"] | float | list[list[float]] = Field(  # type: ignore[assignment]
-        default="measured", description="bytes/s of every link: one number, a ranks x ranks matrix, or 'measured'")
+        default="measured", description="bytes/s of every link: one number, a ranks x ranks matrix, or 'measured' "
+        "(snapped to powers of 2)")
 
     @model_validator(mode="after")
     def _momentum_sgd(self) -> APapoParams:
@@ -199,8 +201,11 @@ class APapo(PipelineMethod):
         model = ctx.workload.make_model().to(ctx.device)
         workers = self.planned_workers(ctx.world_size, params)
         traced = layers.trace(model, example, profile=params.profile if ctx.rank == 0 else "none")
-        hardware = hardware_for(ctx.comm, model, example, workers, params.rank_speeds, params.bandwidth)
-        solved = LayerPlan(*self._solve(traced, hardware, workers)) if ctx.rank == 0 else None
+        hardware, raw = hardware_for(ctx.comm, model, example, workers, params.rank_speeds, params.bandwidth)
+        solved = None
+        if ctx.rank == 0:
+            prefixes, groups, record = self._solve(traced, hardware, workers)
+            solved = LayerPlan(prefixes, groups, {**record, "measured_before_snapping": raw})
         self.layer_plan = agree(solved, traced.graph.size, workers, ctx.comm if ctx.world_size > 1 else None)
         return list(layers.split(traced, self.layer_plan.prefixes))
 
@@ -255,8 +260,8 @@ class APapo(PipelineMethod):
                 "pipeline with replicated stages")
         return {"chosen": kind, "stages": len(plan.stages), "replicas": plan.replicas, "predicted_s": plan.slowest_s,
                 "one_rank_per_stage_s": pipeline.slowest_s, "data_parallel_s": replicated.slowest_s,
-                "deterministic": params.profile == "counted" and params.rank_speeds != "measured"
-                and params.bandwidth != "measured"}
+                "deterministic": params.profile == "counted" and (
+                    "snapped measurements" if "measured" in (params.rank_speeds, params.bandwidth) else True)}
 
     def make_plan(self, blocks: list[nn.Module], example: torch.Tensor, stages: int | None) -> Plan:
         record = self.layer_plan.record

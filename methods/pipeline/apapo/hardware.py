@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 import time
+from typing import Any
 
 import torch
 from torch import nn
@@ -74,22 +76,42 @@ def measure_bandwidth(comm: Communicator, nbytes: int = 1 << 20, repeats: int = 
     return tuple(tuple(float(v) for v in row) for row in table)
 
 
+def snap(value: float, step: float) -> float:
+    """`value` on a geometric grid: 2^(step · round(log2(value) / step)) (step 0.5: powers of sqrt 2; 1: of 2). Measured
+    speeds and bandwidths are snapped so that the small run-to-run noise of a measurement does not move the plan:
+    equal ranks measured at 0.91 and 1.0 both plan as 1.0."""
+    if value <= 0:
+        return value
+    return 2.0 ** (step * round(math.log2(value) / step))
+
+
+SPEED_STEP = 0.5  # measured speeds snap to powers of sqrt 2
+BANDWIDTH_STEP = 1.0  # measured bandwidths snap to powers of 2
+
+
 def hardware_for(comm: Communicator, model: nn.Module, example: torch.Tensor, workers: int,
-                 speeds: str | list[float], bandwidth: str | float | list[list[float]]) -> Hardware:
-    """The Hardware the DP plans for: `speeds` and `bandwidth` as given, or 'measured' (collective). In the virtual
-    mode (one process for `workers` simulated ranks) nothing can be measured: 'measured' means equal ranks and
-    PipeDream's default 1e9 B/s links."""
+                 speeds: str | list[float], bandwidth: str | float | list[list[float]]
+                 ) -> tuple[Hardware, dict[str, Any]]:
+    """The Hardware the DP plans for: `speeds` and `bandwidth` as given, or 'measured' (collective) and snapped to a
+    grid (snap: speeds to powers of sqrt 2, bandwidths to powers of 2). In the virtual mode (one process for
+    `workers` simulated ranks) nothing can be measured: 'measured' means equal ranks and PipeDream's default 1e9 B/s
+    links. -> (the hardware, the raw measurements before snapping, for partition.json)."""
     virtual = comm.world_size == 1
+    raw: dict[str, Any] = {}
     if speeds == "measured":
         rank_speeds = (1.0,) * workers if virtual else measure_speeds(comm, model, example)
+        raw["rank_speeds"] = rank_speeds
+        rank_speeds = tuple(snap(v, SPEED_STEP) for v in rank_speeds)
     else:
         rank_speeds = tuple(float(s) for s in speeds)
     if bandwidth == "measured":
         links = Hardware.uniform(workers).bandwidth if virtual else measure_bandwidth(comm)
+        raw["bandwidth"] = links
+        links = tuple(tuple(snap(v, BANDWIDTH_STEP) for v in row) for row in links)
     elif isinstance(bandwidth, (int, float)):
         links = Hardware.uniform(workers, float(bandwidth)).bandwidth
     else:
         links = tuple(tuple(float(v) for v in row) for row in bandwidth)
     if len(rank_speeds) != workers or len(links) != workers:
         raise ValueError(f"rank_speeds and bandwidth must give one entry per rank ({workers})")
-    return Hardware(rank_speeds, links)
+    return Hardware(rank_speeds, links), raw

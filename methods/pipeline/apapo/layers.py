@@ -39,10 +39,12 @@ def layer_count(model: nn.Module) -> int:
     return sum(1 for n in fx.symbolic_trace(model).graph.nodes if n.op not in ("placeholder", "output"))
 
 
-#: The nominal rank of a counted profile: its times are FLOPs / COUNTED_FLOPS + bytes moved / COUNTED_BYTES (a CPU
-#: core's order of magnitude; only they weigh compute against the links' bytes/s).
+#: The nominal rank of a counted profile: a pass costs FLOPs / COUNTED_FLOPS + bytes moved / COUNTED_BYTES + a fixed
+#: COUNTED_OVERHEAD_S (twice each for a backward): a CPU core's order of magnitude, where small layers cost mostly
+#: their dispatch; the rates weigh compute against the links' bytes/s.
 COUNTED_FLOPS = 1e10
 COUNTED_BYTES = 1e10
+COUNTED_OVERHEAD_S = 1e-5
 
 Profiling = Literal["measured", "counted", "none"]
 
@@ -139,8 +141,9 @@ def _profile_node(module: fx.GraphModule, node: fx.Node, values: dict, repeats: 
 
 
 def _count_node(module: fx.GraphModule, node: fx.Node, values: dict) -> tuple[torch.Tensor, float, float]:
-    """A node's forward and backward 'seconds' on the nominal rank: FLOPs / COUNTED_FLOPS + bytes / COUNTED_BYTES
-    (forward: inputs and parameters read, output written; backward: twice that, reading and writing gradients)."""
+    """A node's forward and backward 'seconds' on the nominal rank: FLOPs / COUNTED_FLOPS + bytes / COUNTED_BYTES +
+    COUNTED_OVERHEAD_S (forward: inputs and parameters read, output written; backward: twice the bytes and the
+    overhead, reading and writing gradients; none for a node with nothing to differentiate)."""
     inputs = {p: values[p].detach().requires_grad_(values[p].is_floating_point()) for p in node.all_input_nodes}
     args = fx.node.map_arg(node.args, lambda n: inputs[n])
     kwargs = fx.node.map_arg(node.kwargs, lambda n: inputs[n])
@@ -155,8 +158,9 @@ def _count_node(module: fx.GraphModule, node: fx.Node, values: dict) -> tuple[to
         backward_flops = backward.get_total_flops()
     moved = sum(t.numel() * t.element_size() for t in [*inputs.values(), *params])
     moved += out.numel() * out.element_size() if isinstance(out, torch.Tensor) else 0
-    return (out, forward.get_total_flops() / COUNTED_FLOPS + moved / COUNTED_BYTES,
-            backward_flops / COUNTED_FLOPS + 2 * moved / COUNTED_BYTES)
+    forward_s = forward.get_total_flops() / COUNTED_FLOPS + moved / COUNTED_BYTES + COUNTED_OVERHEAD_S
+    backward_s = backward_flops / COUNTED_FLOPS + 2 * moved / COUNTED_BYTES + 2 * COUNTED_OVERHEAD_S if wrt else 0.0
+    return out, forward_s, backward_s
 
 
 class BoundaryStage(nn.Module):
