@@ -177,16 +177,11 @@ class DoubleBuffered(WeightPolicy):
         velocity it was made with, so iteration t runs on an estimate of version t instead of t - D)."""
         if self.version in self._versions:
             return
-        lr = self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else 0.0
-        copies = {}
-        for name, p in self.module.named_parameters():
-            if self.prediction == "lwp_v":
-                velocity = self.optimizer.state.get(p, {}).get("momentum_buffer") if self.optimizer else None
-                w = predict_by_velocity(p, velocity, lr, self.delay)
-            else:
-                w = p.detach().clone()
-            copies[name] = w.requires_grad_(p.requires_grad)
-        self._versions[self.version] = copies
+        params = dict(self.module.named_parameters())
+        made = (predicted_by_velocity(params, self.optimizer, self.delay) if self.optimizer is not None
+                and self.prediction == "lwp_v" else {name: p.detach().clone() for name, p in params.items()})
+        self._versions[self.version] = {name: w.requires_grad_(params[name].requires_grad)
+                                        for name, w in made.items()}
 
     def forward(self, mb: int) -> tuple[int, Weights | None]:
         version = self.wanted_version(mb)
@@ -267,6 +262,15 @@ def predict_by_velocity(weights: torch.Tensor, velocity: torch.Tensor | None, lr
     return weights.detach().clone() if velocity is None else weights.detach() - (lr * delay) * velocity
 
 
+def predicted_by_velocity(params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer, delay: int
+                          ) -> Weights:
+    """lwp_v on every parameter, detached: the velocity from the optimizer's state ('momentum_buffer', as torch's SGD
+    and SpikeCompensatedSGD keep it; none yet: the weights as they are) and the lr of its first parameter group."""
+    lr = optimizer.param_groups[0]["lr"]
+    return {name: predict_by_velocity(p, optimizer.state.get(p, {}).get("momentum_buffer"), lr, delay)
+            for name, p in params.items()}
+
+
 def predict_by_difference(weights: torch.Tensor, previous: torch.Tensor | None, delay: int) -> torch.Tensor:
     """lwp_w: w + D·(w - w_prev). The last update, repeated D times."""
     return weights.detach().clone() if previous is None else weights.detach() + delay * (weights.detach() - previous)
@@ -294,9 +298,7 @@ class Predicted(WeightPolicy):
     def predicted(self) -> Weights:
         """The weights predicted `delay` updates ahead, as detached tensors."""
         if self.prediction == "lwp_v":
-            lr = self.optimizer.param_groups[0]["lr"]
-            return {name: predict_by_velocity(p, self.optimizer.state.get(p, {}).get("momentum_buffer"), lr,
-                                              self.delay) for name, p in self._params.items()}
+            return predicted_by_velocity(self._params, self.optimizer, self.delay)
         previous = self._previous or {}
         return {name: predict_by_difference(p, previous.get(name), self.delay) for name, p in self._params.items()}
 
