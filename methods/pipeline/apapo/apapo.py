@@ -29,7 +29,7 @@ from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import Placement, place
 from methods.pipeline.core.planning import Plan
 from methods.pipeline.core.spike import SpikeCompensatedSGD
-from methods.pipeline.core.versions import DoubleBuffered, WeightPolicy
+from methods.pipeline.core.versions import NO_VELOCITY, DoubleBuffered, WeightPolicy
 
 
 class APapoParams(PipelineParams):
@@ -76,8 +76,7 @@ class APapoParams(PipelineParams):
                              "nesterov = false")
         if self.prediction == "lwp_v" and self.momentum == 0:
             if "prediction" in self.model_fields_set:
-                raise ValueError("prediction = 'lwp_v' predicts with the velocity, and momentum 0 keeps none, so it "
-                                 "would predict nothing: set momentum > 0 or prediction = 'none'")
+                raise ValueError(NO_VELOCITY)
             self.prediction = "none"  # the default without momentum (spec.json records the resolved value)
         return self
 

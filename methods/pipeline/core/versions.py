@@ -255,6 +255,9 @@ class OneVersionBehind(WeightPolicy):
 # -- Linear Weight Prediction (Kosson et al., MLSys 2021): the forward runs on the weights predicted for the time its
 # backward comes, D updates later; optionally a stash of them for the backward.
 Prediction = Literal["none", "lwp_v", "lwp_w"]
+#: Why a params model refuses lwp_v without momentum (PB's and APapo's validators).
+NO_VELOCITY = ("prediction = 'lwp_v' predicts with the velocity, and momentum 0 keeps none, so it would predict "
+               "nothing: set momentum > 0 or prediction = 'none'")
 
 
 def predict_by_velocity(weights: torch.Tensor, velocity: torch.Tensor | None, lr: float, delay: int) -> torch.Tensor:

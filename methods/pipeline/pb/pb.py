@@ -18,7 +18,7 @@ from methods.pipeline.core.placement import place
 from methods.pipeline.core.schedules import pb_delay, pb_tick
 from methods.pipeline.core.spike import SpikeCompensatedSGD
 from methods.pipeline.core.stage import BackwardMode
-from methods.pipeline.core.versions import Predicted, WeightPolicy
+from methods.pipeline.core.versions import NO_VELOCITY, Predicted, WeightPolicy
 
 
 def scaled_hyperparameters(lr: float, momentum: float, batch: int, reference_batch: int) -> tuple[float, float]:
@@ -56,8 +56,7 @@ class PBParams(PipelineParams):
             raise ValueError("recompute = true with backward_weights = 'stashed' recomputes what the forward's graph "
                              "already holds, at an extra forward: set recompute = false")
         if self.prediction == "lwp_v" and self.momentum == 0:
-            raise ValueError("prediction = 'lwp_v' predicts with the velocity, and momentum 0 keeps none, so it "
-                             "would predict nothing: set momentum > 0 or prediction = 'none'")
+            raise ValueError(NO_VELOCITY)
         if self.reference_batch is None:
             if self.reference_lr is not None or self.reference_momentum is not None:
                 raise ValueError("reference_lr and reference_momentum are set from lr and momentum by "
