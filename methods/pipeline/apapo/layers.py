@@ -121,12 +121,21 @@ def _call(module: fx.GraphModule, node: fx.Node, args: tuple, kwargs: dict) -> A
     raise ValueError(f"cannot profile fx node {node.name} ({node.op})")
 
 
-def _profile_node(module: fx.GraphModule, node: fx.Node, values: dict, repeats: int, warmup: int
-                  ) -> tuple[torch.Tensor, float, float]:
+def _node_inputs(module: fx.GraphModule, node: fx.Node, values: dict
+                 ) -> tuple[tuple, dict, list[torch.Tensor], list[torch.Tensor]]:
+    """A node's args and kwargs on fresh leaves of its inputs' values, what its backward differentiates (the
+    floating-point inputs and its trainable parameters), and those inputs and parameters."""
     inputs = {p: values[p].detach().requires_grad_(values[p].is_floating_point()) for p in node.all_input_nodes}
     args = fx.node.map_arg(node.args, lambda n: inputs[n])
     kwargs = fx.node.map_arg(node.kwargs, lambda n: inputs[n])
-    wrt = [t for t in inputs.values() if t.requires_grad] + [p for p in _parameters(module, node) if p.requires_grad]
+    params = [p for p in _parameters(module, node) if p.requires_grad]
+    read = [*inputs.values(), *params]
+    return args, kwargs, [t for t in inputs.values() if t.requires_grad] + params, read
+
+
+def _profile_node(module: fx.GraphModule, node: fx.Node, values: dict, repeats: int, warmup: int
+                  ) -> tuple[torch.Tensor, float, float]:
+    args, kwargs, wrt, _ = _node_inputs(module, node, values)
     forwards, backwards, out = [], [], None
     for run in range(warmup + repeats):
         start = time.perf_counter()
@@ -144,11 +153,7 @@ def _count_node(module: fx.GraphModule, node: fx.Node, values: dict) -> tuple[to
     """A node's forward and backward 'seconds' on the nominal rank: FLOPs / COUNTED_FLOPS + bytes / COUNTED_BYTES +
     COUNTED_OVERHEAD_S (forward: inputs and parameters read, output written; backward: twice the bytes and the
     overhead, reading and writing gradients; none for a node with nothing to differentiate)."""
-    inputs = {p: values[p].detach().requires_grad_(values[p].is_floating_point()) for p in node.all_input_nodes}
-    args = fx.node.map_arg(node.args, lambda n: inputs[n])
-    kwargs = fx.node.map_arg(node.kwargs, lambda n: inputs[n])
-    params = [p for p in _parameters(module, node) if p.requires_grad]
-    wrt = [t for t in inputs.values() if t.requires_grad] + params
+    args, kwargs, wrt, read = _node_inputs(module, node, values)
     with FlopCounterMode(display=False) as forward:
         out = _call(module, node, args, kwargs)
     backward_flops = 0
@@ -156,7 +161,7 @@ def _count_node(module: fx.GraphModule, node: fx.Node, values: dict) -> tuple[to
         with FlopCounterMode(display=False) as backward:
             torch.autograd.grad(out, wrt, grad_outputs=torch.ones_like(out), allow_unused=True)
         backward_flops = backward.get_total_flops()
-    moved = sum(t.numel() * t.element_size() for t in [*inputs.values(), *params])
+    moved = sum(t.numel() * t.element_size() for t in read)
     moved += out.numel() * out.element_size() if isinstance(out, torch.Tensor) else 0
     forward_s = forward.get_total_flops() / COUNTED_FLOPS + moved / COUNTED_BYTES + COUNTED_OVERHEAD_S
     backward_s = backward_flops / COUNTED_FLOPS + 2 * moved / COUNTED_BYTES + 2 * COUNTED_OVERHEAD_S if wrt else 0.0
