@@ -8,7 +8,7 @@ from typing import Literal
 
 from methods.pipeline.core.actions import Action, Op, Schedule, backward_unit, check_shape, forward_unit
 
-Sync = Literal["exact", "bounded"]
+Sync = Literal["exact", "bounded", "ahead"]
 
 
 def gpipe(stages: int, microbatches: int) -> Schedule:
@@ -316,3 +316,43 @@ def qfb_drain(stage: int, stages: int, microbatches: int, last_window: int) -> l
     """bounded: the backwards and update of the last window, after the last step."""
     return [a for m in range(microbatches) for a in backward_unit(stage, stages, m, last_window)] + [
         Action(Op.UPDATE, stage)]
+
+
+# -- Q-FB's prototype reading (sync = "ahead"): the forward lane runs ahead of the backward lane through a bounded
+# buffer, an update every M backwards, no flush. A stage's whole run is one list,
+#     F(0) .. F(L-1), then for j = 0, 1, ...: B(j), U if (j+1) % M == 0, F(j+L)
+# over microbatches n counted across the run (n = window·M + mb), with the lead L = ahead_lead(...); runner step t
+# runs the part from F(tM) up to F(tM+M), and the drain the last L-1 backwards.
+def ahead_lead(stage: int, stages: int, buffer: int) -> int:
+    """How many forwards stage `stage` runs ahead of its backwards: `buffer` (the prototype's queue) at every stage
+    but the last, 1 at the last (it runs each microbatch's backward right after its forward)."""
+    return 1 if stage == stages - 1 else buffer
+
+
+def ahead_version(n: int, lead: int, microbatches: int) -> int:
+    """The weight version (updates applied) the forward of microbatch n uses under sync = "ahead": the updates
+    before it in the stage's list, one after every M-th backward up to B(n - lead)."""
+    return max(0, (n - lead + 1) // microbatches)
+
+
+def _ahead_backward(stage: int, stages: int, microbatches: int, j: int) -> list[Action]:
+    unit = backward_unit(stage, stages, j % microbatches, j // microbatches)
+    return unit + ([Action(Op.UPDATE, stage)] if (j + 1) % microbatches == 0 else [])
+
+
+def qfb_ahead_tick(stage: int, stages: int, microbatches: int, window: int, buffer: int) -> list[Action]:
+    """sync = "ahead": stage `stage`'s actions in runner step `window`: each forward of the window, followed by the
+    backward (and update) that the lead lets through; microbatch n is Action(..., mb=n % M, iteration=n // M)."""
+    lead, actions = ahead_lead(stage, stages, buffer), []
+    for n in range(window * microbatches, (window + 1) * microbatches):
+        actions += forward_unit(stage, stages, n % microbatches, n // microbatches)
+        if n - lead + 1 >= 0:
+            actions += _ahead_backward(stage, stages, microbatches, n - lead + 1)
+    return actions
+
+
+def qfb_ahead_drain(stage: int, stages: int, microbatches: int, last_window: int, buffer: int) -> list[Action]:
+    """sync = "ahead": after the last step, the backwards the lead held back (the last L - 1) and their update."""
+    end = (last_window + 1) * microbatches
+    first = max(0, end - ahead_lead(stage, stages, buffer) + 1)
+    return [a for j in range(first, end) for a in _ahead_backward(stage, stages, microbatches, j)]

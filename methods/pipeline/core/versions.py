@@ -47,6 +47,9 @@ class WeightPolicy(abc.ABC):
         """Whether forwards must run on a kept version (an update can come between a forward and its backward)."""
         return False
 
+    def abort(self, reason: str) -> None:  # noqa: B027 - a hook: only policies that make a forward wait need it
+        """Another thread of the rank failed: wake a forward that waits for a version, with an error."""
+
 
 class Live(WeightPolicy):
     """Synchronous pipelines (GPipe, 1F1B with a flush): every forward and backward uses the live weights, which

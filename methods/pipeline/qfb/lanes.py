@@ -54,6 +54,9 @@ class LaneStage(Stage):
 
     #: Seconds a backward waits for its forward before it gives up (a lost forward would otherwise hang the rank).
     wait_s = 600.0
+    #: How many windows back a forward's version is kept for its backward: a backward runs at most this many windows
+    #: after its forward (2 when each window's backwards finish in the window or the next; sync = "ahead" sets more).
+    keep_windows = 2
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -66,7 +69,7 @@ class LaneStage(Stage):
         out = super().forward(key, x, y, scale)
         version = super().version_of(key)  # before the key is published: no backward can have taken it yet
         with self.done:
-            for old in [k for k in self.versions if k[0] < key[0] - 2]:  # windows long done
+            for old in [k for k in self.versions if k[0] < key[0] - self.keep_windows]:  # windows long done
                 del self.versions[old]
             self.versions[key] = version
             self.done.notify_all()
@@ -95,6 +98,7 @@ class LaneStage(Stage):
         with self.done:
             self.failed = reason
             self.done.notify_all()
+        self.policy.abort(reason)
 
 
 class LaneThread:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from harness.data.tensors import Batch
@@ -17,10 +17,15 @@ from methods.pipeline.core.codecs import Codec, make_codec
 from methods.pipeline.core.interleaver import validate
 from methods.pipeline.core.params import CodecName, PipelineParams
 from methods.pipeline.core.placement import place
-from methods.pipeline.core.schedules import Sync, qfb_drain, qfb_tick
+from methods.pipeline.core.schedules import Sync, ahead_lead, qfb_ahead_drain, qfb_ahead_tick, qfb_drain, qfb_tick
 from methods.pipeline.core.versions import Live, OneVersionBehind, WeightPolicy
+from methods.pipeline.qfb.ahead import AheadVersions
 from methods.pipeline.qfb.lanes import LabelledLanes, LaneExecutor, LaneStage, SingleRankLanes
+from methods.pipeline.qfb.piecewise import Piecewise
 from methods.pipeline.qfb.two_step import TwoStep
+
+#: sync = "ahead": the prototype's buffer in its 3-node Tianhe run (ours/final_result.md, "fbp3": buffer_size 5).
+DEFAULT_BUFFER = 5
 
 
 class QFBParams(PipelineParams):
@@ -30,13 +35,30 @@ class QFBParams(PipelineParams):
     lane_threads: int | None = Field(default=None, ge=1, description="intra-op threads of each lane; default: "
                                                                      "the rank's threads / lanes (at least 1)")
     activation_codec: CodecName = Field(default="int8", description="how activations cross stages (none = fp32)")
-    gradient_codec: CodecName | Literal["2step"] = Field(
+    gradient_codec: CodecName | Literal["2step", "piecewise"] = Field(
         default="2step", description="how activation gradients cross stages: '2step' (top-k with error feedback, "
-                                     "then int8) or a plain codec")
+                                     "then int8), 'piecewise' (the prototype's two-segment 8-bit quantizer) or a "
+                                     "plain codec")
     density: float = Field(default=0.1, gt=0, le=1, description="2-Step GC: the share of entries kept (step 1)")
     feedback: bool = Field(default=True, description="2-Step GC: carry what was not sent into the next message")
     sync: Sync = Field(default="exact", description="'exact': the next window's forwards wait for the update "
-                                                    "(= sgd); 'bounded': they run before it, one version stale")
+                                                    "(= sgd); 'bounded': they run before it, one version stale; "
+                                                    "'ahead': the prototype's reading, forwards run `buffer` "
+                                                    "microbatches ahead of the backwards, no flush")
+    buffer: int | None = Field(default=None, ge=1, description="sync = 'ahead' only: how many forwards every stage "
+                                                               "but the last runs ahead of its backwards (the "
+                                                               "prototype's queue; default 5); the last runs 1")
+
+    @model_validator(mode="after")
+    def _buffer_is_aheads(self) -> QFBParams:
+        if self.buffer is not None and self.sync != "ahead":
+            raise ValueError(f"buffer applies to sync = 'ahead' only (sync is {self.sync!r})")
+        return self
+
+    @property
+    def lead(self) -> int:
+        """sync = 'ahead': the forward lane's lead at every stage but the last."""
+        return DEFAULT_BUFFER if self.buffer is None else self.buffer
 
 
 class QFB(PipelineMethod):
@@ -50,8 +72,12 @@ class QFB(PipelineMethod):
     share the stage's module (the weights: no copy, no stash) and its autograd graphs. exact: the next window's
     forwards wait for the update, so with codecs off the step equals sgd on the minibatch (BN-free models). bounded:
     the forward lane runs window t while the backward lane finishes window t-1 (OneVersionBehind, one weight copy
-    per window). lanes = 1 runs the same list in one thread (1F1B with a flush, when exact). Every part is a switch:
-    lanes, activation_codec, gradient_codec (with density and feedback), sync."""
+    per window). ahead (the prototype's reading, CoderXDY/XdyPipe ours/fbp_work3.py): no flush; each stage's forward
+    lane runs `buffer` microbatches ahead of its backward lane (the last stage 1), the update comes after every M
+    backwards, and each forward runs on the version its place in the stream fixes (AheadVersions: a gradient is at
+    most ceil((buffer - 1) / M) updates stale; buffer 1 = sgd). lanes = 1 runs the same list in one thread (1F1B with
+    a flush, when exact). Every part is a switch: lanes, activation_codec, gradient_codec (2step with density and
+    feedback, or piecewise), sync, buffer."""
 
     name = "qfb"
     summary = "Q-FB: forward and backward lanes in parallel on shared weights, int8 activations, 2-Step GC gradients"
@@ -66,12 +92,17 @@ class QFB(PipelineMethod):
 
     def make_policy(self, stage: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer
                     ) -> WeightPolicy:
-        return Live(module) if self.ctx.params.sync == "exact" else OneVersionBehind(module)
+        params = self.ctx.params
+        if params.sync == "ahead":
+            return AheadVersions(module, ahead_lead(stage, stages, params.lead), params.microbatches)
+        return Live(module) if params.sync == "exact" else OneVersionBehind(module)
 
     def make_codec(self, kind: str) -> Codec:
         params = self.ctx.params
         if kind == "grad" and params.gradient_codec == "2step":
             return TwoStep(params.density, params.feedback)
+        if kind == "grad" and params.gradient_codec == "piecewise":
+            return Piecewise()
         return make_codec(params.activation_codec if kind == "act" else params.gradient_codec)
 
     def microbatch_size(self) -> int:
@@ -82,6 +113,9 @@ class QFB(PipelineMethod):
         params = ctx.params
         self.windows = 0  # runner steps taken (windows opened)
         self.wire = self.executor.wire
+        if params.sync == "ahead":  # a backward may come up to ceil((lead + M) / M) windows after its forward
+            for stage in self.workers.values():
+                stage.keep_windows = 2 + -(-params.lead // params.microbatches)
         validate(self.check_run(3), self.placement)
         self.lane_threads = params.lane_threads or max(1, torch.get_num_threads() // params.lanes)
         self.lanes = None
@@ -97,18 +131,24 @@ class QFB(PipelineMethod):
     # -- schedule --------------------------------------------------------------------------------------------------
     def rank_schedule(self, window: int) -> Schedule:
         p = self.ctx.params
+        if p.sync == "ahead":
+            return place([qfb_ahead_tick(s, self.num_stages, p.microbatches, window, p.lead)
+                          for s in range(self.num_stages)], self.placement)
         return place([qfb_tick(s, self.num_stages, p.microbatches, window, p.sync) for s in range(self.num_stages)],
                      self.placement)
 
     def drain_schedule(self, last_window: int) -> Schedule:
-        m = self.ctx.params.microbatches
-        return place([qfb_drain(s, self.num_stages, m, last_window) for s in range(self.num_stages)],
+        p = self.ctx.params
+        if p.sync == "ahead":
+            return place([qfb_ahead_drain(s, self.num_stages, p.microbatches, last_window, p.lead)
+                          for s in range(self.num_stages)], self.placement)
+        return place([qfb_drain(s, self.num_stages, p.microbatches, last_window) for s in range(self.num_stages)],
                      self.placement)
 
     def check_run(self, windows: int) -> Schedule:
-        """A whole run of `windows` steps (and the drain when bounded), one list per rank: what `validate` checks."""
+        """A whole run of `windows` steps (and the drain unless exact), one list per rank: what `validate` checks."""
         steps = [self.rank_schedule(t) for t in range(windows)]
-        drain = self.drain_schedule(windows - 1) if self.ctx.params.sync == "bounded" else [[]] * len(steps[0])
+        drain = self.drain_schedule(windows - 1) if self.ctx.params.sync != "exact" else [[]] * len(steps[0])
         return [[a for step in steps for a in step[r]] + drain[r] for r in range(self.placement.world_size)]
 
     def _open_window(self, window: int) -> None:
@@ -120,18 +160,19 @@ class QFB(PipelineMethod):
         p, t = self.ctx.params, batch.step
         sizes = self.microbatch_sizes(len(batch))
         views = self.views(batch, sizes, list(range(p.microbatches)), iteration=t)
-        if p.sync == "bounded":
+        if p.sync != "exact":
             self._open_window(t)
         self.windows = t + 1
         return self.run(self.rank_schedule(t), views, t)
 
     def end_training(self) -> None:
-        """bounded: run the backwards and update of the last window, so every minibatch of the budget is applied."""
-        if self.ctx.params.sync != "bounded" or self.windows == 0:
+        """bounded and ahead: run the backwards (and updates) still in flight, so every minibatch of the budget is
+        applied."""
+        if self.ctx.params.sync == "exact" or self.windows == 0:
             return
         self.drain(self.drain_schedule(self.windows - 1))
 
-    # -- checkpoints (exact only: bounded has a window in flight between steps) --------------------------------------
+    # -- checkpoints (exact only: bounded and ahead have microbatches in flight between steps) ------------------------
     @property
     def checkpointable(self) -> bool:
         return self.ctx.params.sync == "exact"
