@@ -53,12 +53,14 @@ class QFBParams(PipelineParams):
     def _buffer_is_aheads(self) -> QFBParams:
         if self.buffer is not None and self.sync != "ahead":
             raise ValueError(f"buffer applies to sync = 'ahead' only (sync is {self.sync!r})")
+        if self.sync == "ahead" and self.buffer is None:
+            self.buffer = DEFAULT_BUFFER  # spec.json records the resolved value
         return self
 
     @property
     def lead(self) -> int:
         """sync = 'ahead': the forward lane's lead at every stage but the last."""
-        return DEFAULT_BUFFER if self.buffer is None else self.buffer
+        return self.buffer or DEFAULT_BUFFER
 
 
 class QFB(PipelineMethod):
