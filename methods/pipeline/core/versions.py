@@ -43,6 +43,10 @@ class WeightPolicy(abc.ABC):
         """Weight versions kept in memory besides the live one."""
         return 0
 
+    def snapshot(self) -> Weights:
+        """A detached copy of the live weights, each a leaf that collects its own gradient (as its parameter would)."""
+        return {name: p.detach().clone().requires_grad_(p.requires_grad) for name, p in self.module.named_parameters()}
+
     def needs_stash(self) -> bool:
         """Whether forwards must run on a kept version (an update can come between a forward and its backward)."""
         return False
@@ -79,11 +83,7 @@ class Stashed(WeightPolicy):
         self._users: dict[int, set[int]] = {}  # version -> minibatches whose backward still needs it
         self._of: dict[int, int] = {}  # minibatch -> version
         if vertical_sync:
-            self._versions[0] = self._snapshot()
-
-    def _snapshot(self) -> Weights:
-        return {name: p.detach().clone().requires_grad_(p.requires_grad) for name, p in
-                self.module.named_parameters()}
+            self._versions[0] = self.snapshot()
 
     def wanted_version(self, mb: int) -> int:
         lag = self.stages - 1 if self.vertical_sync else self.delay
@@ -94,7 +94,7 @@ class Stashed(WeightPolicy):
             if self.delay == 0:  # the backward comes before the next update: the live weights are the stash
                 return self.version, None
             if self.version not in self._versions:
-                self._versions[self.version] = self._snapshot()
+                self._versions[self.version] = self.snapshot()
             version = self.version
         else:
             version = self.wanted_version(mb)
@@ -115,7 +115,7 @@ class Stashed(WeightPolicy):
     def updated(self) -> None:
         super().updated()
         if self.vertical_sync:
-            self._versions[self.version] = self._snapshot()
+            self._versions[self.version] = self.snapshot()
         self._prune()
 
     def _prune(self) -> None:
@@ -238,9 +238,7 @@ class OneVersionBehind(WeightPolicy):
 
     def open_window(self, window: int) -> None:
         """Copy the live weights for the forwards of `window`; drop the copies windows before window-1 used."""
-        weights = {name: p.detach().clone().requires_grad_(p.requires_grad)
-                   for name, p in self.module.named_parameters()}
-        self.copies[window] = (self.version, weights)
+        self.copies[window] = (self.version, self.snapshot())
         self.current = window
         for old in [w for w in self.copies if w < window - 1]:
             del self.copies[old]

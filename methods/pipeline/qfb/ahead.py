@@ -29,12 +29,9 @@ class AheadVersions(WeightPolicy):
         super().__init__(module)
         self.lead, self.microbatches = lead, microbatches
         self.window = 0
-        self.copies: dict[int, Weights] = {0: self._copy()} if lead > 1 else {}
+        self.copies: dict[int, Weights] = {0: self.snapshot()} if lead > 1 else {}
         self.changed = threading.Condition()
         self.failed: str | None = None
-
-    def _copy(self) -> Weights:
-        return {name: p.detach().clone().requires_grad_(p.requires_grad) for name, p in self.module.named_parameters()}
 
     def open_window(self, window: int) -> None:
         """The runner step whose forwards run next (microbatch mb of it is n = window·M + mb)."""
@@ -59,7 +56,7 @@ class AheadVersions(WeightPolicy):
         with self.changed:
             super().updated()
             if self.lead > 1:
-                self.copies[self.version] = self._copy()
+                self.copies[self.version] = self.snapshot()
             self.changed.notify_all()
 
     def abort(self, reason: str) -> None:
