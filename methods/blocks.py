@@ -106,6 +106,13 @@ def evaluate_chain(segments: Mapping[int, Callable[[torch.Tensor], torch.Tensor]
 
 
 def classifier_sums(logits: torch.Tensor, y: torch.Tensor, loss_fn: Callable[..., torch.Tensor]) -> torch.Tensor:
-    """[correct predictions, summed loss] of a batch of classifier outputs, as float64: a Score's usual row."""
-    correct = (logits.argmax(dim=1) == y).sum().double()
-    return torch.stack([correct, loss_fn(logits, y, reduction="sum").double()])
+    """[correct predictions, summed loss, predictions] of a batch of outputs, as float64: a Score's usual row. A
+    classifier predicts one label per sample (logits N x C); a language model one next token per position (logits
+    N x T x V, labels N x T), so its accuracy and loss are per token."""
+    correct = (logits.argmax(dim=-1) == y).sum().double()
+    count = torch.tensor(float(y.numel()), dtype=torch.float64, device=logits.device)
+    return torch.stack([correct, loss_fn(logits, y, reduction="sum").double(), count])
+
+
+#: The width of a classifier_sums row.
+SUMS_WIDTH = 3

@@ -36,7 +36,7 @@ def test_a_chain_in_one_process_scores_every_segment_like_the_whole_model():
     loss = nn.functional.cross_entropy
     totals = evaluate_chain({0: model[0:2], 1: model[2:]}, [0, 0], [(5,), (6,)], test, Communicator(0, 1), 8,
                             torch.device("cpu"), lambda i, h, y: classifier_sums(h, y, loss) if i == 1 else None,
-                            width=2)
+                            width=3)
     expected = classifier_sums(model(test.x), test.y, loss)
-    assert totals.shape == (2, 2) and torch.equal(totals[0], torch.zeros(2))
+    assert totals.shape == (2, 3) and torch.equal(totals[0], torch.zeros(3))
     torch.testing.assert_close(totals[1], expected)

@@ -66,7 +66,7 @@ def list_verb(args: argparse.Namespace, argv: list[str]) -> int:
     for name, entry in registry.WORKLOADS.entries().items():
         try:
             w = registry.WORKLOADS.get(name)
-            target = f"target {w.target:.2f}" if w.target else "no target"
+            target = w.target_text
             rows.append((name, f"{w.dataset}; {w.model}; {target}", "", _origin(entry)))
         except registry.RegistryError as exc:
             rows.append((name, f"cannot load: {exc}", "", _origin(entry)))

@@ -13,8 +13,9 @@ import torch.distributed as dist
 
 from harness.comm.ring import ring_all_gather_bytes, ring_all_reduce_bytes
 
-CATEGORIES = ("gradients", "activations", "activation_grads", "gradient_sync", "params", "control", "eval")
-TRAINING_CATEGORIES = ("gradients", "activations", "activation_grads", "gradient_sync", "params")
+CATEGORIES = ("gradients", "activations", "activation_grads", "gradient_sync", "params", "grad_norm", "control",
+              "eval")
+TRAINING_CATEGORIES = ("gradients", "activations", "activation_grads", "gradient_sync", "params", "grad_norm")
 
 
 def _all_gather_single(output: torch.Tensor, tensor: torch.Tensor, **kwargs: Any) -> Any:

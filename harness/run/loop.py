@@ -52,7 +52,7 @@ class StepPlan:
             limits.append(budget.max_steps)
         if budget.max_epochs is not None:
             limits.append(max(1, math.ceil(budget.max_epochs * steps_per_epoch - 1e-9)))
-        every = None
+        every = budget.eval_every_steps
         if budget.eval_every_epochs is not None:
             every = max(1, round(budget.eval_every_epochs * steps_per_epoch))
         return cls(min(limits) if limits else None, every, budget.eval_every_seconds, budget.max_train_seconds)

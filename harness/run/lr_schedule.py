@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 #: The parameters of TrainParams that define the schedule (harness/method.py), with their defaults.
-SCHEDULE_DEFAULTS: dict[str, Any] = {"lr_schedule": "constant", "lr_warmup_epochs": 0.0,
+SCHEDULE_DEFAULTS: dict[str, Any] = {"lr_schedule": "constant", "lr_warmup_epochs": 0.0, "lr_warmup_steps": 0,
                                      "lr_warmup_start_factor": 0.1, "milestones": [0.5, 0.75], "gamma": 0.1}
 
 
@@ -43,11 +43,16 @@ class LrSchedule:
         kind = str(p["lr_schedule"])
         if kind not in ("constant", "step", "cosine"):
             raise ValueError(f"lr_schedule must be constant, step or cosine, not {kind!r}")
+        warmup = int(p["lr_warmup_steps"]) or round(float(p["lr_warmup_epochs"]) * steps_per_epoch)
         if kind != "constant" and total_steps is None:
             raise ValueError(f"lr_schedule {kind!r} needs a planned number of steps: give the budget max_epochs or "
                              "max_steps (max_train_seconds alone does not say where the budget ends)")
         milestones = tuple(round(float(m) * total_steps) for m in p["milestones"]) if kind == "step" else ()
-        return cls(kind, round(float(p["lr_warmup_epochs"]) * steps_per_epoch), float(p["lr_warmup_start_factor"]),
+        if kind == "cosine" and total_steps is not None and warmup >= total_steps:
+            raise ValueError(f"the lr warm-up ({warmup} steps) is not shorter than the planned {total_steps} steps, so "
+                             "the cosine schedule would have no steps left: shorten lr_warmup_steps or "
+                             "lr_warmup_epochs, or lengthen the budget")
+        return cls(kind, warmup, float(p["lr_warmup_start_factor"]),
                    milestones, float(p["gamma"]), total_steps)
 
     @property

@@ -134,6 +134,11 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
             origin = f"{where}.params" if "lr_schedule" in entry.params else "defaults"
             raise FileError(f"{path}: {origin}.lr_schedule: {params.lr_schedule!r} needs a planned number of steps: "
                             "give the budget max_epochs or max_steps")
+        if params.lr_schedule == "cosine" and budget.max_steps is not None and \
+                getattr(params, "lr_warmup_steps", 0) >= budget.max_steps:
+            origin = f"{where}.params" if "lr_warmup_steps" in entry.params else "defaults"
+            raise FileError(f"{path}: {origin}.lr_warmup_steps: a warm-up of {params.lr_warmup_steps} steps leaves "
+                            f"the cosine schedule none of the budget's {budget.max_steps} steps: shorten it")
         threads = entry.threads_per_rank if entry.threads_per_rank is not None else suite.threads_per_rank
         if threads is None:  # not `or`: a run's 0 or [] is an error below, not "unset"
             threads = default_threads(entry.world_size)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
@@ -248,11 +248,26 @@ class DGCParams(CompressionParams):
     density: float = Field(default=0.001, gt=0, le=1, description="final fraction of each tensor sent (0.001: 99.9%)")
     warmup_epochs: float = Field(default=4, ge=0, description="epochs of exponential sparsity warm-up (0: none)")
     sample_fraction: float = Field(default=0.01, gt=0, le=1, description="share of |v| sampled for the threshold")
-    clip_norm: float | None = Field(default=None, gt=0, description="global gradient clipping norm (None: off)")
+    clip_norm: float | None = Field(default=None, gt=0, description="the former name of grad_clip in dgc: local "
+                                    "gradient clipping at c / sqrt(N) per tensor (None: off)")
     fp16_values: bool = False
     momentum_masking: bool = True
     min_compress_numel: int = Field(default=1000, ge=0,
                                     description="smaller tensors are sent dense fp32 through plain momentum")
+
+    @model_validator(mode="after")
+    def _momentum_sgd_only(self) -> DGCParams:
+        if self.optimizer != "sgd":
+            raise ValueError(f"optimizer = {self.optimizer!r}: dgc's momentum correction is momentum SGD's, applied "
+                             "before sparsification; use optimizer = 'sgd'")
+        if self.grad_clip is not None and self.clip_norm is not None:
+            raise ValueError("grad_clip and clip_norm are both dgc's local gradient clipping: give one")
+        return self
+
+    @property
+    def local_clip(self) -> float | None:
+        """The norm c of the paper's local clipping (grad_clip, or its older name clip_norm)."""
+        return self.grad_clip if self.grad_clip is not None else self.clip_norm
 
 
 class DGC(CompressedDDP):
@@ -260,7 +275,7 @@ class DGC(CompressedDDP):
 of n elements (as its DDP bucket's gradient is ready):
 
         g <- grad f(w; B_k)                       this rank's shard of the global batch
-        g <- g · min(1, c / (sqrt(N) |g|))        local gradient clipping, when clip_norm = c
+        g <- g · min(1, c / (sqrt(N) |g|))        local gradient clipping, when grad_clip = c
         g <- g + weight_decay · w
         u <- m · u + g                            momentum correction: the momentum is local ...
         v <- v + u                                ... and accumulated
@@ -286,6 +301,7 @@ of n elements (as its DDP bucket's gradient is ready):
     family = "data-parallel-compressed"
     summary = "Deep Gradient Compression: momentum-corrected top-0.1% sparsification with warm-up (Lin et al. 2018)"
     Params = DGCParams
+    clips_update = False  # grad_clip is the local clipping above, before the momentum; the update is not clipped
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
@@ -299,7 +315,7 @@ of n elements (as its DDP bucket's gradient is ready):
 
     def make_memory(self) -> DGCMemory:
         p = self.ctx.params
-        clip = None if p.clip_norm is None else p.clip_norm / math.sqrt(self.ctx.world_size)
+        clip = None if p.local_clip is None else p.local_clip / math.sqrt(self.ctx.world_size)
         return DGCMemory(self.compressor, p.momentum, p.weight_decay, p.nesterov and p.momentum > 0, clip,
                          p.momentum_masking)
 

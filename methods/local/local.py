@@ -12,8 +12,8 @@ from torch import nn
 from harness.comm.channel import Receiver, Sender
 from harness.data.tensors import Batch, TensorData
 from harness.method import EvalResult, Method, RunContext, StepStats, TrainParams
-from harness.toolkit import make_sgd
-from methods.blocks import classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
+from harness.toolkit import clip_gradients, make_optimizer
+from methods.blocks import SUMS_WIDTH, classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
 from methods.local.parts import chunk_ranges, make_head, path_ranges
 
 
@@ -22,7 +22,7 @@ class LocalParams(TrainParams):
     chunks: int | None = Field(default=None, ge=1,
                                description="number of chunks; default: the world size (2 in the virtual mode)")
     depth: int = Field(default=4, ge=1, description="activations in flight between two ranks, at most")
-    head: Literal["auto", "dgl", "linear", "mlp"] = "auto"
+    head: Literal["auto", "dgl", "linear", "mlp", "lm"] = "auto"
     head_hidden: int = Field(default=128, ge=1)
 
 
@@ -34,7 +34,8 @@ class Local(Method):
         for each chunk c (on its own rank, concurrently):
             h_c = f_c(stopgrad(h_{c-1}))              h_{c-1} arrives from rank c-1 with its sample ids
             L_c = CE(head_c(h_c), y[ids])             labels come from the chunk's own data pipeline
-            w_c <- SGD(w_c, grad L_c)                 no gradient crosses a chunk boundary
+            w_c <- opt(w_c, grad L_c)                 no gradient crosses a chunk boundary (grad_clip: clipped
+                                                      to the norm of chunk c's own gradient, each chunk a learner)
             send h_c to rank c+1                      returns at once unless `depth` are already in flight
 
     World size 1 with C > 1 chunks is the virtual mode: all chunks in one process, run in order every step, with the
@@ -94,7 +95,7 @@ class Local(Method):
         self.virtual = ctx.world_size == 1
         self.mine = list(range(len(self.ranges))) if self.virtual else [ctx.rank]
         parameters = {id(q): q for c in self.mine for m in (self.blocks[c], self.heads[c]) for q in m.parameters()}
-        self.optimizer = make_sgd(parameters.values(), p)  # shared blocks (overlapping) appear once
+        self.optimizer = make_optimizer(parameters.values(), p)  # shared blocks (overlapping) appear once
         self.sender = self.receiver = None
         if not self.virtual and ctx.rank < ctx.world_size - 1:
             self.sender = Sender(ctx.comm, ctx.rank + 1, p.depth)
@@ -102,8 +103,12 @@ class Local(Method):
             self.receiver = Receiver(ctx.comm, ctx.rank - 1, shapes[self.ranges[ctx.rank][0] - 1])
         self.shapes = shapes
 
+    def chunk_parameters(self, c: int) -> list[nn.Parameter]:
+        """Chunk c's blocks' and head's parameters (a shared block's with chunk c's: both losses train it)."""
+        return [q for m in (self.blocks[c], self.heads[c]) for q in m.parameters()]
+
     def train_step(self, batch: Batch) -> StepStats:
-        device, loss_fn = self.ctx.device, self.ctx.workload.loss
+        device, loss_fn, p = self.ctx.device, self.ctx.workload.loss, self.ctx.params
         if self.receiver is None:
             h, ids = batch.inputs(), batch.indices
         else:
@@ -127,6 +132,9 @@ class Local(Method):
                     torch.autograd.backward(loss, inputs=inputs, retain_graph=k < len(losses) - 1)
         else:
             torch.stack(losses).sum().backward()  # chunk inputs are detached: each loss reaches its own chunk only
+        if p.grad_clip is not None:
+            for c in self.mine:
+                clip_gradients(self.chunk_parameters(c), p.grad_clip)
         self.optimizer.step()
         extra: dict[str, Any] = {}
         if self.virtual:
@@ -148,8 +156,8 @@ class Local(Method):
         with eval_mode([m for c in self.mine for m in (self.blocks[c], self.heads[c])]):
             sums = evaluate_chain({c: self.path[c] for c in self.mine}, rank_of, input_shapes, test, self.ctx.comm,
                                   self.ctx.params.eval_batch_size, self.ctx.device,
-                                  lambda c, h, y: classifier_sums(self.heads[c](h), y, loss_fn), width=2)
-        per_chunk = (sums / len(test)).tolist()
+                                  lambda c, h, y: classifier_sums(self.heads[c](h), y, loss_fn), width=SUMS_WIDTH)
+        per_chunk = (sums[:, :2] / sums[:, 2:]).tolist()
         return EvalResult(accuracy=per_chunk[-1][0], loss=per_chunk[-1][1],
                           extra={"head_accuracy": [a for a, _ in per_chunk], "head_loss": [lo for _, lo in per_chunk]})
 

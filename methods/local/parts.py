@@ -1,4 +1,4 @@
-"""Local parallelism's parts: how a block list is cut into chunks, and the auxiliary classifier heads."""
+"""Local parallelism's parts: how a block list is cut into chunks, and the auxiliary heads."""
 
 from __future__ import annotations
 
@@ -39,13 +39,19 @@ def path_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 def make_head(kind: str, feature_shape: tuple[int, ...], classes: int, hidden: int = 128) -> nn.Module:
     """An auxiliary classifier for features of `feature_shape` (without the batch dimension).
 
-    auto: `dgl` for feature maps (C, H, W), `linear` for vectors.
+    auto: `dgl` for feature maps (C, H, W), `lm` for a sequence of vectors (T, D), `linear` for vectors.
     dgl: Decoupled Greedy Learning's head (Belilovsky et al. 2020): average-pool (when the map is 8x8 or larger),
         1x1 conv + BatchNorm + ReLU, average-pool to 2x2, linear.
     linear: a linear classifier on the flattened features. mlp: Linear(hidden) + ReLU + Linear.
+    lm: a language model's head at every position, LayerNorm(D) then a linear map to the vocabulary (`classes`), as
+        the final head of a GPT: Local Parallelism's language models (Laskin et al. 2020) give each chunk one.
     """
     if kind == "auto":
-        kind = "dgl" if len(feature_shape) == 3 else "linear"
+        kind = {3: "dgl", 2: "lm"}.get(len(feature_shape), "linear")
+    if kind == "lm":
+        if len(feature_shape) != 2:
+            raise ValueError(f"the lm head needs (positions, features) inputs, got features of shape {feature_shape}")
+        return nn.Sequential(nn.LayerNorm(feature_shape[1]), nn.Linear(feature_shape[1], classes))
     if kind == "dgl":
         if len(feature_shape) != 3:
             raise ValueError(f"the dgl head needs (C, H, W) feature maps, got features of shape {feature_shape}")

@@ -7,7 +7,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, TrainParams
-from harness.toolkit import make_sgd
+from harness.toolkit import make_optimizer
 from methods.reference.whole_model import WholeModelMethod
 
 
@@ -29,7 +29,7 @@ class DDP(WholeModelMethod):
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         self.model = DistributedDataParallel(model, device_ids=device_ids, process_group=ctx.comm.group)
         self.register_hook()
-        self.optimizer = make_sgd(self.model.parameters(), ctx.params)
+        self.optimizer = make_optimizer(self.model.parameters(), ctx.params)
 
     def register_hook(self) -> None:
         """Install the communication hook; compression methods override this with their own."""

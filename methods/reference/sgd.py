@@ -6,7 +6,7 @@ import torch
 
 from harness.data.tensors import Batch
 from harness.method import RunContext
-from harness.toolkit import make_sgd
+from harness.toolkit import make_optimizer
 from methods.reference.whole_model import WholeModelMethod
 
 
@@ -21,7 +21,7 @@ class SGD(WholeModelMethod):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         self.model = ctx.workload.make_model().to(ctx.device)
-        self.optimizer = make_sgd(self.model.parameters(), ctx.params)
+        self.optimizer = make_optimizer(self.model.parameters(), ctx.params)
 
     def local_batch(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         return batch.inputs(), batch.targets()

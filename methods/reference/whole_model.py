@@ -10,11 +10,12 @@ from torch import nn
 
 from harness.data.tensors import Batch, TensorData
 from harness.method import EvalResult, Method, StepStats
-from harness.toolkit import evaluate_classifier
+from harness.toolkit import clip_gradients, evaluate_classifier
 
 
 class WholeModelMethod(Method):
-    """for each step: (x, y) = the samples this rank trains on; g = grad L(w; x, y); w <- optimizer(w, g).
+    """for each step: (x, y) = the samples this rank trains on; g = grad L(w; x, y); g <- g · min(1, c / |g|) when
+    grad_clip = c; w <- optimizer(w, g).
 
     Subclasses build `self.model` (what runs the forward: the network itself, or its DistributedDataParallel
     wrapper) and `self.optimizer`, and say which samples a rank takes (`local_batch`). The plain network is
@@ -23,6 +24,9 @@ class WholeModelMethod(Method):
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
+    #: Whether the step clips the gradient the optimizer sees to grad_clip (its global norm: after DDP's all-reduce
+    #: every rank holds the same averaged gradient, so the same norm). DGC clips each rank's own gradient instead.
+    clips_update: bool = True
 
     @property
     def network(self) -> nn.Module:
@@ -39,6 +43,8 @@ class WholeModelMethod(Method):
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.ctx.workload.loss(self.model(x), y)
         loss.backward()
+        if self.clips_update:
+            clip_gradients(self.model.parameters(), self.ctx.params.grad_clip)
         self.optimizer.step()
         return StepStats(loss=loss.item())
 

@@ -74,10 +74,16 @@ class APapoParams(PipelineParams):
         if self.compensation == "sc" and self.nesterov:
             raise ValueError("compensation = 'sc' is undampened heavy-ball momentum, not Nesterov's: set "
                              "nesterov = false")
-        if self.prediction == "lwp_v" and self.momentum == 0:
+        if self.optimizer != "sgd" and self.compensation == "sc":
+            raise ValueError(f"optimizer = {self.optimizer!r} with compensation = 'sc': spike compensation acts on "
+                             "momentum SGD's velocity; use optimizer = 'sgd' or compensation = 'none'")
+        if self.prediction == "lwp_v" and (self.momentum == 0 or self.optimizer != "sgd"):
             if "prediction" in self.model_fields_set:
+                if self.optimizer != "sgd":
+                    raise ValueError(f"optimizer = {self.optimizer!r} with prediction = 'lwp_v': it predicts with "
+                                     "momentum SGD's velocity; use optimizer = 'sgd' or prediction = 'none'")
                 raise ValueError(NO_VELOCITY)
-            self.prediction = "none"  # the default without momentum (spec.json records the resolved value)
+            self.prediction = "none"  # the default without SGD's momentum (spec.json records the resolved value)
         return self
 
 

@@ -14,9 +14,9 @@ from torch import nn
 from harness.comm.communicator import Communicator
 from harness.data.tensors import Batch, TensorData
 from harness.method import EvalResult, Method, RunContext, StepStats
-from harness.toolkit import make_sgd
+from harness.toolkit import make_optimizer
 from harness.trace_export import write_chrome_trace
-from methods.blocks import classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
+from methods.blocks import SUMS_WIDTH, classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
 from methods.pipeline.core import planning
 from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.codecs import Codec, make_codec
@@ -44,6 +44,10 @@ class PipelineMethod(Method):
     plans_replication: ClassVar[bool] = False
     #: The class of each stage (a subclass may run a stage's forwards and backwards on two threads: qfb's lanes).
     stage_class: ClassVar[type[Stage]] = Stage
+    #: How grad_clip is applied. False: each stage clips its own gradient at its update (an asynchronous pipeline's
+    #: stages update at different times, on gradients of different minibatches, so there is no global norm to
+    #: wait for). True: the method clips by the norm over all stages itself (a flushed pipeline: clip_and_update).
+    clips_globally: ClassVar[bool] = False
 
     # -- what the suite may ask for ------------------------------------------------------------------------------------
     @classmethod
@@ -116,7 +120,7 @@ class PipelineMethod(Method):
 
     def make_optimizer(self, stage: int, module: nn.Module) -> torch.optim.Optimizer:
         """The optimizer of one stage (default: SGD with the run's lr, momentum, weight decay, Nesterov)."""
-        return make_sgd(module.parameters(), self.ctx.params)
+        return make_optimizer(module.parameters(), self.ctx.params)
 
     def make_codec(self, kind: str) -> Codec:
         """The codec of activations ('act') or activation gradients ('grad') on the wire."""
@@ -203,8 +207,10 @@ class PipelineMethod(Method):
             module = copy_module(module)
         optimizer = self.make_optimizer(s, module)
         policy = self.make_policy(s, self.num_stages, module, optimizer)
-        return self.stage_class(s, self.num_stages, module, optimizer, policy, self.ctx.workload.loss,
-                                self.backward_mode)
+        stage = self.stage_class(s, self.num_stages, module, optimizer, policy, self.ctx.workload.loss,
+                                 self.backward_mode)
+        stage.clip_norm = self.ctx.params.grad_clip
+        return stage
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """The optimizer of every stage replica on this rank (every replica of every stage in the virtual mode)."""
@@ -271,8 +277,9 @@ class PipelineMethod(Method):
         with eval_mode(list(modules.values())):
             totals = evaluate_chain(modules, rank_of, self.shapes, test, self.ctx.comm,
                                     self.ctx.params.eval_batch_size, self.ctx.device,
-                                    lambda s, h, y: classifier_sums(h, y, loss_fn) if s == last else None, width=2)
-        n = len(test)
+                                    lambda s, h, y: classifier_sums(h, y, loss_fn) if s == last else None,
+                                    width=SUMS_WIDTH)
+        n = float(totals[last, 2])
         return EvalResult(accuracy=float(totals[last, 0]) / n, loss=float(totals[last, 1]) / n)
 
     # -- partition record and end of run -----------------------------------------------------------------------------

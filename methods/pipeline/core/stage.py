@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from harness.toolkit import clip_gradients
 from methods.pipeline.core.versions import WeightPolicy
 
 #: graph: differentiate the graph the forward built, with the weights the forward used (live, stashed or predicted).
@@ -81,6 +82,7 @@ class Stage:
         self.backward_mode = backward_mode
         self.first, self.last = index == 0, index == stages - 1
         self._params = dict(module.named_parameters())
+        self.clip_norm: float | None = None  # grad_clip, where the stage clips its own gradient (PipelineMethod)
         self.param_bytes = sum(p.numel() * p.element_size() for p in self._params.values())
         self._saved: dict[Key, _Saved] = {}
         self.loss_sum = 0.0  # the loss accumulated by the last stage since the last `take_loss`
@@ -187,8 +189,12 @@ class Stage:
                 p.grad.copy_(flat[offset:offset + n].view_as(p))
             offset += n
 
-    def update(self) -> None:
-        """The optimizer step on the accumulated gradients, then clear them: the next weight version."""
+    def update(self, squared_norm: torch.Tensor | None = None) -> None:
+        """The optimizer step on the accumulated gradients, then clear them: the next weight version. With clip_norm
+        set the gradients are first clipped to it: by the global norm when `squared_norm` (the sum of squares over
+        every stage) is given, else by this stage's own."""
+        if self.clip_norm is not None:
+            clip_gradients(self._params.values(), self.clip_norm, squared_norm)
         self.policy.before_update()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

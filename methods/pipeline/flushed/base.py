@@ -11,8 +11,9 @@ from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
+from harness.toolkit import squared_grad_norm
 from harness.trace import StepSchedule
-from methods.pipeline.core.actions import Schedule
+from methods.pipeline.core.actions import Op, Schedule
 from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.interleaver import validate
 from methods.pipeline.core.params import PipelineParams
@@ -53,10 +54,16 @@ class FlushedPipeline(PipelineMethod):
         """One minibatch's actions, one list per rank."""
         return place(type(self).make_schedule(self.num_stages, self.ctx.params.microbatches), self.placement)
 
+    clips_globally = True
+
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         self.schedule = self.rank_schedule()
         validate(self.schedule, self.placement)
+        # With grad_clip the updates wait for the global norm, so they leave the schedule and run after it
+        # (clip_and_update); the flush has every stage's gradient complete by then anyway.
+        self.updates = [[a for a in actions if a.op is Op.UPDATE] for actions in self.schedule]
+        self.schedule_without_updates = [[a for a in actions if a.op is not Op.UPDATE] for actions in self.schedule]
 
     def microbatch_size(self) -> int:
         return max(1, self.ctx.params.batch_size // self.ctx.params.microbatches)
@@ -64,7 +71,23 @@ class FlushedPipeline(PipelineMethod):
     def train_step(self, batch: Batch) -> StepStats:
         m = self.ctx.params.microbatches
         sizes = self.microbatch_sizes(len(batch))
-        return self.run(self.schedule, self.views(batch, sizes, list(range(m))), batch.step)
+        if self.ctx.params.grad_clip is None:
+            return self.run(self.schedule, self.views(batch, sizes, list(range(m))), batch.step)
+        stats = self.run(self.schedule_without_updates, self.views(batch, sizes, list(range(m))), batch.step)
+        self.clip_and_update()
+        return stats
+
+    def clip_and_update(self) -> None:
+        """grad_clip by the global norm: each stage's sum of squared gradients (its first replica's: replicas hold
+        the same synced gradient), summed over the ranks (category `grad_norm`, 8 bytes), then every stage's clipped
+        update. The norm is sgd's, up to the order of the sum, so the step is sgd's."""
+        firsts = {s: self.placement.ranks_of(s)[0] for s in range(self.num_stages)}
+        squared = sum((squared_grad_norm(st.module.parameters()) for (r, s), st in self.workers.items()
+                       if r == firsts[s]), torch.zeros((), dtype=torch.float64))
+        if not self.virtual:
+            self.ctx.comm.all_reduce(squared, "grad_norm")
+        for _, st in sorted(self.workers.items()):
+            st.update(squared)
 
     # A flushed pipeline holds nothing in flight between steps: its state is each stage's weights and optimizer.
     def state_dict(self) -> dict[str, Any]:

@@ -52,6 +52,11 @@ class PBParams(PipelineParams):
 
     @model_validator(mode="after")
     def _scale(self) -> PBParams:
+        if self.optimizer != "sgd" and (self.compensation == "sc" or self.prediction == "lwp_v"):
+            field = "compensation" if self.compensation == "sc" else "prediction"
+            raise ValueError(f"optimizer = {self.optimizer!r} with {field} = {getattr(self, field)!r}: spike "
+                             "compensation and lwp_v act on momentum SGD's velocity; use optimizer = 'sgd', or "
+                             "compensation = 'none' and prediction 'none' or 'lwp_w'")
         if self.recompute and self.backward_weights == "stashed":
             raise ValueError("recompute = true with backward_weights = 'stashed' recomputes what the forward's graph "
                              "already holds, at an extra forward: set recompute = false")
@@ -113,6 +118,8 @@ class PipelinedBackprop(PipelineMethod):
 
     def make_optimizer(self, stage: int, module: nn.Module) -> torch.optim.Optimizer:
         p = self.ctx.params
+        if p.optimizer != "sgd":
+            return super().make_optimizer(stage, module)
         delay = self.delay(stage) if p.compensation == "sc" else 0
         return SpikeCompensatedSGD(module.parameters(), lr=p.lr, momentum=p.momentum, delay=delay,
                                    weight_decay=p.weight_decay)
