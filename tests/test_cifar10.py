@@ -257,3 +257,45 @@ def test_the_cifar10_resnet20_workload_builds_from_a_data_root(tmp_path, fake):
     batch = Batch(step=0, epoch=0.0, indices=torch.arange(4), data=instance.train)
     logits = instance.make_model().eval()(batch.inputs())
     assert logits.shape == (4, 10)
+
+
+@pytest.mark.parametrize("layout", ["torchvision", "hf"])
+def test_both_layouts_train_a_deeper_resnet_through_the_workload(tmp_path, fake, layout):
+    from harness import registry
+
+    if layout == "torchvision":
+        cifar10.write_torchvision_format(tmp_path, *fake)
+    else:
+        save_hf(tmp_path, fake, image_column="image", as_pil=True)
+    instance = registry.WORKLOADS.get("cifar10-resnet").instantiate({"depth": 56}, str(tmp_path))
+    assert len(instance.train) == NUM_TRAIN and len(instance.test) == NUM_TEST
+    torch.manual_seed(0)
+    model = instance.make_model()
+    assert len(model) == 3 * 9 + 2 and sum(p.numel() for p in model.parameters()) == 853_018
+    batch = Batch(step=0, epoch=0.0, indices=torch.arange(8), data=instance.train)
+    x, y = batch.shard(0, 1)
+    assert torch.equal(y, torch.from_numpy(fake[1][:8]))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss = instance.loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    assert torch.isfinite(loss) and model.eval()(instance.test.inputs(torch.arange(4))).shape == (4, 10)
+
+
+@pytest.mark.slow
+def test_the_hf_layout_runs_the_cifar10_resnet_workload_through_the_cli(tmp_path, fake):
+    from harness.cli import main
+    from harness.results import read_jsonl
+
+    save_hf(tmp_path / "data", fake)
+    suite = tmp_path / "cifar-hf.toml"
+    suite.write_text(f'name = "cifar-hf"\nworkload = "cifar10-resnet"\nseeds = [0]\nthreads_per_rank = 1\n'
+                     f'data_root = "{tmp_path / "data"}"\n[budget]\nmax_steps = 2\neval_every_epochs = 1\n'
+                     f'[defaults]\nbatch_size = 8\nlr = 0.01\n'
+                     f'[[run]]\nmethod = "sgd"\nworkload_options = {{depth = 8, norm = "group"}}\n')
+    out = tmp_path / "results"
+    assert main(["run", str(suite), "--out", str(out), "--quiet"]) == 0
+    (run,) = (out / "cifar-hf").glob("sgd-cifar10-resnet-*")
+    records = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2]
+    assert any(r["kind"] == "eval" for r in records)

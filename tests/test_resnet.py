@@ -145,3 +145,53 @@ def test_the_groupnorm_variant_replaces_every_batchnorm_and_works_at_batch_size_
     assert len(groups) == 19 and {g.num_channels // g.num_groups for g in groups} == {4}
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
     assert registry.WORKLOADS.get("cifar10-resnet20").Options(norm="group").norm == "group"
+
+
+@pytest.mark.parametrize("name", ["cifar10-resnet20", "cifar10-resnet"])
+@pytest.mark.parametrize("depth, expected, paper", [(20, 269_722, 0.27e6), (56, 853_018, 0.85e6),
+                                                    (110, 1_727_962, 1.7e6)])
+def test_the_cifar10_workloads_depth_option_gives_the_paper_s_resnets(name, depth, expected, paper):
+    # He et al. 2016, table 6: ResNet-20, -56 and -110 have 0.27M, 0.85M and 1.7M parameters.
+    from harness import registry
+
+    model = registry.WORKLOADS.get(name).meta_model({"depth": depth})
+    assert all(p.is_meta for p in model.parameters())
+    assert count_parameters(model) == expected and round(expected / paper, 1) == 1.0
+    assert len(model) == 3 * (depth - 2) // 6 + 2  # stem, 3n BasicBlocks, head
+    assert model[-1][-1].out_features == 10
+
+
+def test_the_cifar10_workloads_default_to_resnet20_and_share_everything_but_the_name():
+    from harness import registry
+
+    old, new = registry.WORKLOADS.get("cifar10-resnet20"), registry.WORKLOADS.get("cifar10-resnet")
+    assert (old.name, new.name) == ("cifar10-resnet20", "cifar10-resnet")
+    assert old.Options().depth == 20 and old.Options().norm == "batch"
+    assert count_parameters(old.meta_model()) == count_parameters(new.meta_model()) == 269_722
+    assert (old.build, old.make_model, old.Options, old.budget, old.hyperparameters, old.dataset) == (
+        new.build, new.make_model, new.Options, new.budget, new.hyperparameters, new.dataset)
+
+
+@pytest.mark.parametrize("depth", [110, 56])
+def test_deep_cifar_resnets_forward_cifar_shapes(depth):
+    torch.manual_seed(0)
+    model = resnet.cifar_resnet(depth).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        out = model[0](x)
+        assert out.shape == (2, 16, 32, 32)
+        n = (depth - 2) // 6
+        for i, block in enumerate(model[1:-1]):
+            out = block(out)
+            assert out.shape == (2, (16, 32, 64)[i // n], 32 >> (i // n), 32 >> (i // n))
+        assert model[-1](out).shape == (2, 10)
+
+
+@pytest.mark.parametrize("depth", [21, 100, 2])
+def test_a_depth_other_than_6n_plus_2_is_refused_by_the_options(depth):
+    from pydantic import ValidationError
+
+    from harness import registry
+
+    with pytest.raises(ValidationError, match="6n\\+2|greater than or equal to 8"):
+        registry.WORKLOADS.get("cifar10-resnet").Options.model_validate({"depth": depth})

@@ -29,7 +29,8 @@ class Instance:
     test: TensorData
     make_model: Callable[[], nn.Sequential]
     loss: Callable[..., torch.Tensor] = nn.functional.cross_entropy
-    classes: int = 10
+    classes: int = 10  # outputs per prediction: classes, or a language model's vocabulary
+    provenance: dict[str, Any] | None = None  # where the data came from (hashes, files), for manifest.json
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,15 @@ class Workload:
     @property
     def target(self) -> float | None:
         return self.budget.target_accuracy
+
+    @property
+    def target_text(self) -> str:
+        """The budget's target in words: 'target 0.95', 'target loss 2.00', or 'no target'."""
+        if self.budget.target_accuracy is not None:
+            return f"target {self.budget.target_accuracy:.2f}"
+        if self.budget.target_loss is not None:
+            return f"target loss {self.budget.target_loss:.2f}"
+        return "no target"
 
     def instantiate(self, options: dict[str, Any] | None = None, data_root: str | None = None) -> Instance:
         return self.build(self.Options.model_validate(options or {}), data_root)

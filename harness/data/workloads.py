@@ -1,14 +1,16 @@
-"""The built-in workloads: digits (the embedded default), a synthetic MLP of any size, and CIFAR-10 with ResNet-20."""
+"""The built-in workloads: digits (the embedded default), a synthetic MLP, CIFAR-10 ResNets and ImageNet ResNet-50."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from harness.budget import Budget
 from harness.data import models, sources
+from harness.data.lm import SHAKESPEARE_GPT  # noqa: F401 (registered in BUILTIN below)
 from harness.data.workload import Instance, NoOptions, Workload
 
 
@@ -34,11 +36,28 @@ class DigitsCNNOptions(BaseModel):
 
 
 class ResNetOptions(BaseModel):
-    """cifar10-resnet20's normalization: BatchNorm (the paper's, default) or GroupNorm (works at batch size 1)."""
+    """cifar10-resnet's depth (6n+2: 20, the default, 56, 110, ...) and normalization: BatchNorm (the paper's,
+    default) or GroupNorm (works at batch size 1)."""
 
     model_config = ConfigDict(extra="forbid")
 
+    depth: int = Field(default=20, ge=8, description="6n+2 layers: 20, 32, 44, 56, 110, ...")
     norm: Literal["batch", "group"] = "batch"
+
+    @field_validator("depth")
+    @classmethod
+    def _six_n_plus_two(cls, depth: int) -> int:
+        if (depth - 2) % 6 != 0:
+            raise ValueError(f"a CIFAR ResNet's depth is 6n+2 (20, 32, 44, 56, 110, ...), got {depth}")
+        return depth
+
+
+class ImageNetOptions(BaseModel):
+    """imagenet-resnet50's input size: RandomResizedCrop's for training, the centre crop's for evaluation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image_size: int = Field(default=224, ge=32, description="side of the square crops, in pixels")
 
 
 class DigitsResNetOptions(BaseModel):
@@ -93,7 +112,7 @@ def _digits_resnet(options: DigitsResNetOptions, data_root: str | None) -> Insta
 def _cifar10_resnet20_model(options: ResNetOptions) -> nn.Sequential:
     from harness.data import resnet
 
-    return resnet.resnet20(10, options.norm)
+    return resnet.cifar_resnet(options.depth, 10, options.norm)
 
 
 def _cifar10_resnet20(options: ResNetOptions, data_root: str | None) -> Instance:
@@ -101,6 +120,20 @@ def _cifar10_resnet20(options: ResNetOptions, data_root: str | None) -> Instance
 
     train, test = cifar10.load(data_root)
     return Instance(train, test, lambda: _cifar10_resnet20_model(options))
+
+
+def _imagenet_resnet50_model(options: ImageNetOptions, classes: int = 1000) -> nn.Sequential:
+    from harness.data import imagenet
+
+    return imagenet.resnet50(classes)
+
+
+def _imagenet_resnet50(options: ImageNetOptions, data_root: str | None) -> Instance:
+    from harness.data import imagenet
+
+    train, test = imagenet.load(data_root, options.image_size)
+    classes = len(train.classes)
+    return Instance(train, test, lambda: _imagenet_resnet50_model(options, classes), classes=classes)
 
 
 _DIGITS_BUDGET = Budget(max_epochs=10, eval_every_epochs=1, target_accuracy=0.95)
@@ -123,11 +156,23 @@ DIGITS_RESNET = Workload(
     _digits_resnet, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9}, DigitsResNetOptions,
     _digits_resnet_model)
 CIFAR10_RESNET20 = Workload(
-    "cifar10-resnet20", "CIFAR-10 (local files)", "ResNet-20 (He et al. 2016, 0.27M params)",
+    "cifar10-resnet20", "CIFAR-10 (local files)", "ResNet-20 (He et al. 2016, 0.27M params; depth an option)",
     "the standard CIFAR study; needs the dataset on disk (see docs/data.md)", _cifar10_resnet20,
     Budget(max_epochs=160, eval_every_epochs=1, target_accuracy=0.91),
     {"batch_size": 128, "lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}, ResNetOptions, _cifar10_resnet20_model)
+#: The same workload under a name that does not fix the depth (the target stays ResNet-20's: set a deeper one's).
+CIFAR10_RESNET = dataclasses.replace(
+    CIFAR10_RESNET20, name="cifar10-resnet",
+    model="CIFAR ResNet, depth 6n+2 (He et al. 2016; 20, the default: 0.27M params, 56: 0.85M, 110: 1.7M)",
+    summary="cifar10-resnet20 with the depth named as an option (workload_options = {depth = 110})")
+IMAGENET_RESNET50 = Workload(
+    "imagenet-resnet50", "ImageNet (ILSVRC 2012, an ImageFolder on disk)", "ResNet-50 (torchvision, 25.6M params)",
+    "the standard ImageNet study: 90 epochs at batch 256; needs the dataset on disk (see docs/data.md)",
+    _imagenet_resnet50, Budget(max_epochs=90, eval_every_epochs=1, target_accuracy=0.75),
+    {"batch_size": 256, "lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}, ImageNetOptions, _imagenet_resnet50_model)
 
 #: Built-in workload names -> attributes of this module (harness/registry.py imports them by reference).
 BUILTIN: dict[str, str] = {"digits-mlp": "DIGITS_MLP", "digits-cnn": "DIGITS_CNN", "synthetic-mlp": "SYNTHETIC_MLP",
-                           "cifar10-resnet20": "CIFAR10_RESNET20", "digits-resnet": "DIGITS_RESNET"}
+                           "cifar10-resnet20": "CIFAR10_RESNET20", "digits-resnet": "DIGITS_RESNET",
+                           "shakespeare-gpt": "SHAKESPEARE_GPT",
+                           "cifar10-resnet": "CIFAR10_RESNET", "imagenet-resnet50": "IMAGENET_RESNET50"}

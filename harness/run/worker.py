@@ -188,6 +188,9 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     np.random.seed(spec.seed)
     torch.manual_seed(spec.seed)
     instance = registry.WORKLOADS.get(spec.workload).instantiate(spec.workload_options, spec.data_root)
+    if rank == 0 and instance.provenance:  # where the data came from (a corpus's hashes), next to the code's
+        info["data"] = instance.provenance
+        write_json(run_dir / "manifest.json", info)
     startup.mark("workload")
     method_cls = registry.METHODS.get(spec.method)
     params = method_cls.Params.model_validate(spec.params)

@@ -33,10 +33,23 @@ class TracedModel:
     output: int
 
 
+class LayerTracer(fx.Tracer):
+    """torch.fx's tracer, with one more kind of leaf: a module whose class sets `traced_as_layer = True` (a GPT's
+    embeddings and attention, whose insides compute shapes and positions rather than batches) is one layer."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return getattr(m, "traced_as_layer", False) or super().is_leaf_module(m, module_qualified_name)
+
+
+def symbolic_trace(model: nn.Module) -> fx.GraphModule:
+    """`model` traced at layer level by LayerTracer."""
+    return fx.GraphModule(model, LayerTracer().trace(model))
+
+
 def layer_count(model: nn.Module) -> int:
     """The nodes of `model`'s layer graph besides the input (what `trace` profiles), from torch.fx's symbolic trace
     alone: nothing runs, so a model on the meta device will do."""
-    return sum(1 for n in fx.symbolic_trace(model).graph.nodes if n.op not in ("placeholder", "output"))
+    return sum(1 for n in symbolic_trace(model).graph.nodes if n.op not in ("placeholder", "output"))
 
 
 #: The nominal rank of a counted profile: a pass costs FLOPs / COUNTED_FLOPS + bytes moved / COUNTED_BYTES + a fixed
@@ -58,7 +71,7 @@ def trace(model: nn.Module, example: torch.Tensor, profile: bool | Profiling = T
     (torch's FlopCounterMode) + the bytes it reads and writes / COUNTED_BYTES instead of timing it; False or "none"
     gives times of 0 (one forward per node gives the shapes). Parameters, buffers and the RNG are left as they were."""
     mode: Profiling = "measured" if profile is True else "none" if profile is False else profile
-    module = fx.symbolic_trace(model)
+    module = symbolic_trace(model)
     nodes = [n for n in module.graph.nodes if n.op != "output"]
     placeholders = [n for n in nodes if n.op == "placeholder"]
     if len(placeholders) != 1 or nodes[0] is not placeholders[0]:
