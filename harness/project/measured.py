@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.report.tables import reached_target
 from harness.results import RunResult, read_json
 from harness.trace import TraceEvent, parse_events
 
@@ -126,10 +127,9 @@ def measure(run: RunResult, quantile: float = 0.5) -> RunMeasure:
     train = metrics[metrics["kind"] == "train"]
     step_s, steps = step_seconds(train, quantile)
     evals = metrics[metrics["kind"] == "eval"]
-    target = (spec.get("budget") or {}).get("target_accuracy")
     steps_to_target, time_to_target = None, math.nan
-    if target is not None and len(evals):
-        reached = evals[numbers(evals, "test_accuracy") >= target]
+    if len(evals):
+        reached = evals[reached_target(evals, spec)]
         if len(reached):
             steps_to_target = int(numbers(reached, "step").iloc[0])
             time_to_target = float(numbers(reached, "train_time_s").iloc[0])

@@ -95,7 +95,8 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     out_dir = Path(out_dir) if out_dir is not None else suite_dir / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    targets = {str(workload): tables.common_target([run for run in runs if str(run.spec.get("workload")) == workload])
+    targets = {str(workload): tables.common_target_of([run for run in runs
+                                                        if str(run.spec.get("workload")) == workload])
                for workload in {str(w) for w in table["workload"]}}
     ranked = rankings.rankings(table, baseline_label, targets)
     ranked.to_csv(out_dir / "rankings.csv", index=False)
@@ -106,7 +107,7 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     scope = (f"Aggregates and plots use the {len(completed)} completed runs." if completed
              else "No run completed: aggregates and plots use every run.")
     used_table = table[table["state"] == "completed"] if completed else table
-    has_target = any((run.spec.get("budget") or {}).get("target_accuracy") is not None for run in used)
+    has_target = any(tables.target_of(run.spec) is not None for run in used)
     robust = comparisons.robust_table(used_table, baseline_label, has_target)
     robust.to_csv(out_dir / "comparisons.csv", index=False)
     aggregates = rankings.in_rank_order(tables.aggregate(table, ("completed",) if completed else None), ranked)

@@ -19,7 +19,7 @@ from harness.report.tables import not_completed
 RANKING_COLUMNS = (
     "workload", "network", "target_accuracy", "rank", "label", "method_label", "runs", "completed", "reached",
     "time_to_target_s", "speedup_vs_baseline", "speedup_ci_low", "speedup_ci_high", "speedup_pairs",
-    "final_accuracy", "bytes_per_sample", "states",
+    "final_accuracy", "bytes_per_sample", "states", "target_loss", "final_loss",
 )  # fmt: skip
 #: The per-run columns summary.csv gains (docs/results.md).
 SPEEDUP_COLUMNS = ("speedup_vs_baseline", "speedup_ci_low", "speedup_ci_high")
@@ -58,23 +58,29 @@ def _order(row: dict[str, Any]) -> tuple:
     final accuracy, then labels with no completed run. Without a target, by final accuracy alone."""
     if row["completed"] == 0:
         return (3, 0.0, 0.0)
-    timed = not math.isnan(row["target_accuracy"])
+    timed = not (math.isnan(row["target_accuracy"]) and math.isnan(row["target_loss"]))
     if timed and row["reached"] == row["completed"]:
         return (0, row["time_to_target_s"], 0.0)
     if timed and row["reached"] > 0:
         return (1, -row["reached"] / row["completed"], row["time_to_target_s"])
+    if not math.isnan(row["target_loss"]):  # a language model: by held-out loss, lower is better
+        loss = row["final_loss"]
+        return (2, loss if math.isfinite(loss) else math.inf, 0.0)
     accuracy = row["final_accuracy"]
     return (2, -accuracy if math.isfinite(accuracy) else math.inf, 0.0)
 
 
-def rankings(table: pd.DataFrame, baseline: str, targets: Mapping[str, float | None] | float | None) -> pd.DataFrame:
+def rankings(table: pd.DataFrame, baseline: str,
+             targets: Mapping[str, float | tuple[str, float] | None] | float | None) -> pd.DataFrame:
     """summary (every run) -> RANKING_COLUMNS, one row per (workload, network, label), ranked within each stratum.
 
     Statistics use the completed runs: reached counts those that reached the target; time_to_target_s is the mean
     over those; final_accuracy and bytes_per_sample the mean over completed runs. rank starts at 1 per stratum
     (see _order); a label with no completed run keeps a row (rank NaN, `states` says what became of its runs).
     `baseline` is a label without its network (choose_baseline). `targets`: each workload's target accuracy (None
-    where its runs set none or differ: that stratum ranks by final accuracy), or one target for all, or None.
+    where its runs set none or differ: that stratum ranks by final accuracy), or one target for all, or None; a
+    target may be a (kind, value) pair (tables.target_of): ("loss", l) is a target_loss, whose stratum ranks
+    labels that never reach it by final loss, lowest first.
     """
     data = with_keys(table)
     rows = []
@@ -90,9 +96,12 @@ def rankings(table: pd.DataFrame, baseline: str, targets: Mapping[str, float | N
             else:
                 ratio, low, high, pairs = math.nan, math.nan, math.nan, 0
             target = targets.get(str(workload)) if isinstance(targets, Mapping) else targets
+            kind, target = target if isinstance(target, tuple) else ("accuracy", target)
             ranked.append({
                 "workload": workload, "network": network,
-                "target_accuracy": math.nan if target is None else float(target), "label": label,
+                "target_accuracy": math.nan if target is None or kind != "accuracy" else float(target),
+                "target_loss": float(target) if target is not None and kind == "loss" else math.nan,
+                "final_loss": _mean(mine["final_loss"]) if "final_loss" in mine else math.nan, "label": label,
                 "method_label": group["method_label"].iloc[0], "runs": len(group), "completed": len(mine),
                 "reached": int(np.isfinite(times).sum()), "time_to_target_s": _mean(times),
                 "speedup_vs_baseline": ratio, "speedup_ci_low": low, "speedup_ci_high": high, "speedup_pairs": pairs,
@@ -153,9 +162,15 @@ def _interval(row: pd.Series) -> str:
 
 
 def stratum_target(stratum: pd.DataFrame) -> float | None:
-    """A stratum's target accuracy, None when it has none."""
+    """A stratum's target (accuracy, or a language model's loss), None when it has none."""
     target = float(stratum["target_accuracy"].iloc[0])
+    if math.isnan(target) and "target_loss" in stratum:
+        target = float(stratum["target_loss"].iloc[0])
     return None if math.isnan(target) else target
+
+
+def _by_loss(stratum: pd.DataFrame) -> bool:
+    return "target_loss" in stratum and not math.isnan(float(stratum["target_loss"].iloc[0]))
 
 
 def verdict(stratum: pd.DataFrame, baseline: str) -> str:
@@ -169,15 +184,20 @@ def verdict(stratum: pd.DataFrame, baseline: str) -> str:
         best = done.sort_values("final_accuracy", ascending=False).iloc[0]
         return f"On {where}, {best['label']} ended most accurate: {number_text(best['final_accuracy'])}."
     reached = done[done["reached"] > 0]
+    words = f"target loss {target:g}" if _by_loss(stratum) else f"target {target:g}"
     if reached.empty:
+        if _by_loss(stratum):
+            best = done.sort_values("final_loss").iloc[0]
+            return (f"On {where}, no label reached the {words}; {best['label']} ended with the lowest held-out "
+                    f"loss ({number_text(best['final_loss'])}).")
         best = done.sort_values("final_accuracy", ascending=False).iloc[0]
-        return (f"On {where}, no label reached the target {target:g}; {best['label']} ended most accurate "
+        return (f"On {where}, no label reached the {words}; {best['label']} ended most accurate "
                 f"({number_text(best['final_accuracy'])}).")
     top = done.iloc[0]
     if top["reached"] < top["completed"]:
-        return (f"On {where}, no label reached the target {target:g} on every completed run; {top['label']} came "
+        return (f"On {where}, no label reached the {words} on every completed run; {top['label']} came "
                 f"closest ({top['reached']} of {top['completed']}, in {number_text(top['time_to_target_s'])} s).")
-    text = (f"On {where}, {top['label']} reached the target {target:g} fastest, in "
+    text = (f"On {where}, {top['label']} reached the {words} fastest, in "
             f"{number_text(top['time_to_target_s'])} s (mean of {top['reached']} runs)")
     base = stratum[stratum["method_label"] == baseline]
     if top["method_label"] == baseline:

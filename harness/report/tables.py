@@ -21,7 +21,8 @@ SUMMARY_COLUMNS = (
 EXTRA_COLUMNS = ("label", "family", "steps", "epochs", "network", "samples_per_s", "bubble", "peak_activation_bytes",
                  "peak_weight_bytes")
 #: Further columns (after EXTRA_COLUMNS): steady-state communication and measurement hygiene (report/hygiene.py).
-MORE_COLUMNS = ("last_epoch_bytes_per_sample", "cpu_share", "other_load", "noisy", "peak_rss_bytes")
+MORE_COLUMNS = ("last_epoch_bytes_per_sample", "cpu_share", "other_load", "noisy", "peak_rss_bytes", "final_loss",
+                "perplexity", "bytes_per_token")
 CURVE_COLUMNS = ("label", "seed", "run_id", "x", "test_accuracy")
 #: Summary columns that the per-label aggregate averages over seeds, with their display names.
 AGGREGATED = {
@@ -60,10 +61,9 @@ def run_summary(run: RunResult) -> dict[str, Any]:
     spec, metrics = run.spec, run.metrics
     evals = eval_records(metrics)
     accuracy = numeric(evals, "test_accuracy")
-    target = (spec.get("budget") or {}).get("target_accuracy")
-    time_to_target = math.nan
-    if target is not None and (accuracy >= target).any():
-        time_to_target = float(numeric(evals, "train_time_s")[accuracy >= target].iloc[0])
+    loss = numeric(evals, "test_loss")
+    reached = reached_target(evals, spec)
+    time_to_target = float(numeric(evals, "train_time_s")[reached].iloc[0]) if reached.any() else math.nan
 
     rank0 = lowest_rank(metrics[metrics["kind"].isin(KNOWN_KINDS)])
     train = metrics[metrics["kind"] == "train"]
@@ -98,7 +98,36 @@ def run_summary(run: RunResult) -> dict[str, Any]:
         "last_epoch_bytes_per_sample": last_epoch_bytes_per_sample(train),
         **hygiene.run_hygiene(metrics),
         "peak_rss_bytes": float(numeric(metrics[metrics["kind"] == "cpu"], "peak_rss_bytes").max()),
+        "final_loss": last_value(loss),
+        "perplexity": math.exp(last_value(loss)) if math.isfinite(last_value(loss)) else math.nan,
+        "bytes_per_token": bytes_per_token(spec, total_bytes / samples if samples > 0 else math.nan),
     }
+
+
+def target_of(spec: dict[str, Any]) -> tuple[str, float] | None:
+    """A run's target: ("accuracy", a) for the budget's target_accuracy, ("loss", l) for its target_loss, or None."""
+    budget = spec.get("budget") or {}
+    for kind in ("accuracy", "loss"):
+        value = budget.get(f"target_{kind}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return kind, float(value)
+    return None
+
+
+def reached_target(evals: pd.DataFrame, spec: dict[str, Any]) -> pd.Series:
+    """Which eval records meet the run's target: test_accuracy >= target_accuracy, or test_loss <= target_loss
+    (all False without a target)."""
+    target = target_of(spec)
+    if target is None:
+        return pd.Series(False, index=evals.index)
+    kind, value = target
+    return numeric(evals, "test_accuracy") >= value if kind == "accuracy" else numeric(evals, "test_loss") <= value
+
+
+def bytes_per_token(spec: dict[str, Any], per_sample: float) -> float:
+    """bytes_per_sample over a language model's tokens per sample (workload_options.context); NaN for others."""
+    context = (spec.get("workload_options") or {}).get("context")
+    return per_sample / context if isinstance(context, int) and context > 0 else math.nan
 
 def peak_bytes(train: pd.DataFrame, column: str) -> float:
     """The largest value over every train record (all ranks) of a per-stage list field such as
@@ -142,7 +171,8 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
 
     - final_accuracy / best_accuracy: test_accuracy of the last `eval` record / the best one (NaN if none).
     - time_to_target_s: train_time_s of the first eval record with test_accuracy >=
-      spec["budget"]["target_accuracy"]; NaN (an empty cell in summary.csv) if never reached or no target.
+      spec["budget"]["target_accuracy"] (or with test_loss <= its target_loss, for a language model); NaN (an
+      empty cell in summary.csv) if never reached or no target.
     - train_time_s: the largest train_time_s of rank 0's records of KNOWN_KINDS (other kinds are ignored).
     - total_bytes: sum over ranks of the bytes_sent of each rank's last train record that has one (else 0).
     - bytes_per_sample: total_bytes / the (global) samples of rank 0's last train record; NaN if 0 or missing.
@@ -158,6 +188,8 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
       lowest share of its runnable time a rank ran, the largest share of a host used by other processes, and
       whether the run was starved by them (empty for runs without `cpu` records).
     - peak_rss_bytes: the largest peak resident memory of any rank (`cpu` records; empty without the field).
+    - final_loss / perplexity: test_loss of the last eval record (per token for a language model) and exp of it.
+    - bytes_per_token: bytes_per_sample / workload_options.context (a language model's tokens per window).
     A run without metrics still gets a row (NaN metrics, 0 bytes).
     """
     table = pd.DataFrame([run_summary(run) for run in runs],
@@ -281,4 +313,10 @@ def failures(runs: Sequence[RunResult]) -> pd.DataFrame:
 def common_target(runs: Sequence[RunResult]) -> float | None:
     """The target accuracy shared by every run's budget, or None when they set none or differ."""
     targets = {(run.spec.get("budget") or {}).get("target_accuracy") for run in runs}
+    return targets.pop() if len(targets) == 1 else None
+
+
+def common_target_of(runs: Sequence[RunResult]) -> tuple[str, float] | None:
+    """The target (target_of) shared by every run, or None when they set none or differ."""
+    targets = {target_of(run.spec) for run in runs}
     return targets.pop() if len(targets) == 1 else None
