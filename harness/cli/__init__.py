@@ -9,11 +9,11 @@ import sys
 import threading
 import warnings
 
-from harness.cli import claims, jobs, netcheck, project, report, run
+from harness.cli import claims, data, jobs, netcheck, project, report, run
 from harness.cli.common import EPILOG
 
 #: Verb modules, in the order `dtbench --help` lists them. Each has add(verbs) and sets `handler` on its parsers.
-VERBS = (run, jobs, report, claims, netcheck, project)
+VERBS = (run, jobs, report, claims, netcheck, project, data)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -82,10 +82,13 @@ def _encode(corpus: Corpus, tokenizer: str, held_out: float, folder) -> dict[str
                             for t in batch["text"]]}
 
     encoded = []
+    # `datasets` reuses an existing cache_file_name as is, so its name keys everything the ids depend on: the
+    # documents, the tokenizer, its version and (char) the vocabulary, which a held-out split's characters change.
+    vocab_key = hashlib.sha256(f"{tokenizer}{TOKENIZER_VERSION}{chars}".encode()).hexdigest()[:16]
     for docs in parts:
         dataset = datasets.Dataset.from_dict({"text": docs})
         dataset = dataset.map(encode, batched=True, remove_columns=["text"], desc=f"tokenizing ({tokenizer})",
-                              cache_file_name=str(folder / f"map-{Corpus(docs).text_sha256[:16]}-{tokenizer}.arrow"))
+                              cache_file_name=str(folder / f"map-{Corpus(docs).text_sha256[:16]}-{vocab_key}.arrow"))
         ids = [np.asarray(row, dtype=np.int32) for row in dataset.with_format("numpy")["ids"]]
         encoded.append(torch.from_numpy(np.concatenate(ids) if ids else np.zeros(0, dtype=np.int32)))
     dtype = torch.uint8 if vocab <= 256 else torch.int32
