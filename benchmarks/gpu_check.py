@@ -1,5 +1,6 @@
 """The GPU path, checked where CUDA is present: every run of the smoke suite on nccl with CUDA tensors, then the
-checks the CPU tests make (every run completed, on the GPU, accuracy, data-parallel ranks bitwise equal).
+checks the CPU tests make (every run completed, on the GPU, accuracy (the GPT's: its held-out loss 1 nat below the
+first evaluation's), data-parallel ranks bitwise equal).
 
     python benchmarks/gpu_check.py [--out DIR] [--epochs 2] [--min-accuracy 0.8] [--cpu]
 
@@ -27,6 +28,8 @@ except ModuleNotFoundError:  # Python 3.10
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "suites" / "smoke.toml"
+#: How far a language model's held-out loss must fall below its first evaluation's (nats per token).
+MIN_LOSS_DROP = 1.0
 #: Families whose ranks hold the same whole model after every step (data parallel): their parameters must agree.
 REPLICATED = {"ddp", "fp16", "qsgd", "terngrad", "dgc", "onebit"}
 
@@ -44,7 +47,9 @@ def suite_text(smoke: Path, epochs: float, max_ranks: int | None) -> tuple[str, 
         if max_ranks is not None and ranks > max_ranks:
             skipped.append(f"{run['method']} ({ranks} ranks)")
             continue
-        if "budget" in run:  # a run's own budget is shorter than the check's: keep the check's
+        # A run's own epoch budget is longer than the check's: the check's replaces it. One in steps (the language
+        # model's: an epoch of its windows is long) is that run's own length, and is kept.
+        if "budget" in run and "max_steps" not in run["budget"]:
             block = re.sub(r"^budget\s*=.*$", "", block, flags=re.M)
         kept.append("[[run]]" + block)
     defaults = "\n".join(f"{k} = {json.dumps(v)}" for k, v in top.get("defaults", {}).items())
@@ -70,9 +75,14 @@ def check_run(run_dir: Path, min_accuracy: float, want_cuda: bool) -> list[str]:
         problems.append("manifest names no GPU: the run did not see CUDA")
     evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
              if '"kind": "eval"' in line or '"kind":"eval"' in line]
-    accuracy = evals[-1]["test_accuracy"] if evals else None
-    if accuracy is None or accuracy < min_accuracy:
-        problems.append(f"final accuracy {accuracy} < {min_accuracy}")
+    if (spec.get("budget") or {}).get("target_loss") is not None:  # a language model: it must learn
+        first, last = (evals[0]["test_loss"], evals[-1]["test_loss"]) if evals else (None, None)
+        if last is None or not last <= first - MIN_LOSS_DROP:
+            problems.append(f"held-out loss {last} is not {MIN_LOSS_DROP} nat below its first evaluation's {first}")
+    else:
+        accuracy = evals[-1]["test_accuracy"] if evals else None
+        if accuracy is None or accuracy < min_accuracy:
+            problems.append(f"final accuracy {accuracy} < {min_accuracy}")
     if spec["method"] in REPLICATED and spec["world_size"] > 1:
         saved = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=True)
         models = [rank["method"]["model"] for rank in saved["ranks"]]

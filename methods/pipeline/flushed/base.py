@@ -85,7 +85,9 @@ class FlushedPipeline(PipelineMethod):
         squared = sum((squared_grad_norm(st.module.parameters()) for (r, s), st in self.workers.items()
                        if r == firsts[s]), torch.zeros((), dtype=torch.float64))
         if not self.virtual:
+            squared = squared.to(self.ctx.device)  # nccl reduces device tensors only
             self.ctx.comm.all_reduce(squared, "grad_norm")
+            squared = squared.cpu()
         for _, st in sorted(self.workers.items()):
             st.update(squared)
 
