@@ -19,6 +19,7 @@ T = TypeVar("T")
 
 BUILTIN_METHODS: dict[str, str] = {
     "sgd": "methods.reference.sgd:SGD",
+    "single": "methods.reference.sgd:SGD",  # the same reference under a name that fits any optimizer (adamw too)
     "ddp": "methods.reference.ddp:DDP",
     "fp16": "methods.compression.fp16:FP16",
     "qsgd": "methods.compression.qsgd:QSGD",

@@ -207,3 +207,14 @@ def test_apapo_traces_the_transformer_into_layers(corpus):
     assert layer_count(model) == 1 + 2 * 9 + 2
     losses = train(method, 3)
     assert all(v is None or math.isfinite(v) for v in losses)
+
+
+def test_the_reference_is_also_named_single_and_runs_the_same_steps(corpus):
+    from harness import registry
+
+    assert registry.METHODS.get("single") is registry.METHODS.get("sgd")
+    sgd, single = make("sgd", corpus), make("single", corpus)
+    assert sgd.ctx.params.optimizer == "adamw"
+    train(sgd, 3)
+    train(single, 3)
+    assert torch.equal(flat(sgd), flat(single))

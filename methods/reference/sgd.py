@@ -1,4 +1,4 @@
-"""Single-process minibatch SGD: the reference every parallel method is measured against."""
+"""The single-process reference every parallel method is measured against (`sgd`, also registered as `single`)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ from methods.reference.whole_model import WholeModelMethod
 
 
 class SGD(WholeModelMethod):
-    """for each global batch B: g = grad L(w; B); w <- SGD(w, g) (optionally with momentum and weight decay)."""
+    """for each global batch B: g = grad L(w; B); w <- optimizer(w, g): the run's optimizer (SGD with momentum and
+    weight decay, or AdamW) and grad_clip, in one process. Registered as `sgd` (its first name) and as `single`,
+    which does not name an optimizer; both run this class, and a run's method and labels keep the name its suite
+    used."""
 
     name = "sgd"
     family = "reference"
-    summary = "single-process minibatch SGD, the reference"
+    summary = "the single-process reference, with the run's optimizer (also named single)"
     max_world_size = 1
 
     def __init__(self, ctx: RunContext):
