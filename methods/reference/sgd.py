@@ -18,7 +18,7 @@ class SGD(WholeModelMethod):
 
     name = "sgd"
     family = "reference"
-    summary = "the single-process reference, with the run's optimizer (also named single)"
+    summary = "the single-process reference, with the run's optimizer (sgd and single name it alike)"
     max_world_size = 1
 
     def __init__(self, ctx: RunContext):
