@@ -44,7 +44,7 @@ GOAL = 1.00
 
 
 def _rank(rank: int, world_size: int, options: dict, batch: int, microbatches: int, grad_clip: float | None,
-          steps: int, blocks: int) -> dict[str, Any]:
+          steps: int, blocks: int, exchange: str = "prepost") -> dict[str, Any]:
     """This rank's per-block step times of the four variants, and the one-step check of each schedule."""
     import torch
     import torch.distributed as dist
@@ -71,7 +71,7 @@ def _rank(rank: int, world_size: int, options: dict, batch: int, microbatches: i
         cls = registry.METHODS.get(name)
         merged = {k: v for k, v in workload.hyperparameters.items() if k in cls.Params.model_fields}
         merged.update(batch_size=batch, microbatches=microbatches, partition=[cut], grad_clip=grad_clip,
-                      lr_schedule="constant", lr_warmup_steps=0)
+                      lr_schedule="constant", lr_warmup_steps=0, exchange=exchange)
         ctx = RunContext(rank=rank, world_size=world_size, device=torch.device("cpu"), workload=instance,
                          params=cls.Params.model_validate(merged), comm=comm, seed=0, run_dir=folder,
                          log=lambda kind, **f: None)
@@ -148,6 +148,9 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--grad-clip", type=float, default=1.0, help="the global clip norm on both sides (0: off)")
+    parser.add_argument("--exchange", choices=("prepost", "fused"), default="prepost",
+                        help="our pipelines' exchange (docs/benchmarks.md): prepost (the default) or fused (receives "
+                             "at their action, sends paired with them, as torch's schedules do)")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     a = parser.parse_args()
     if a.batch % a.microbatches:
@@ -155,15 +158,15 @@ def main() -> None:
     options = {"n_layer": a.n_layer, "n_head": a.n_head, "d_model": a.d_model, "context": a.context}
     clip = a.grad_clip or None
     load_before = os.getloadavg()
-    ranks = spawn(_rank, 2, options, a.batch, a.microbatches, clip, a.steps, a.blocks, timeout=3600)
+    ranks = spawn(_rank, 2, options, a.batch, a.microbatches, clip, a.steps, a.blocks, a.exchange, timeout=3600)
     per_block = {name: [max(v) for v in zip(*(r["times"][name] for r in ranks), strict=True)] for name in VARIANTS}
     med = {name: statistics.median(values) for name, values in per_block.items()}
     ratios = {s: summarize(per_block[f"ours_{s}"], per_block[f"torch_{s}"], GOAL, f"ours/torch {s}")
               for s in SCHEDULES}
     cut = ranks[0]["cut"]
     print(f"{WORKLOAD} {options}, batch {a.batch}, M = {a.microbatches}, AdamW, grad_clip {clip}; 2 ranks x 1 "
-          f"thread, gloo; blocks [0, {cut}) on rank 0, [{cut}, {a.n_layer + 2}) on rank 1; {a.blocks} blocks x "
-          f"{a.steps} steps of each, interleaved (load average {load_before[0]:.2f} -> "
+          f"thread, gloo, exchange {a.exchange}; blocks [0, {cut}) on rank 0, [{cut}, {a.n_layer + 2}) on rank 1; "
+          f"{a.blocks} blocks x {a.steps} steps of each, interleaved (load average {load_before[0]:.2f} -> "
           f"{ranks[0]['load_average'][0]:.2f})")
     for s in SCHEDULES:
         c0, c1 = ranks[0]["checks"][s], ranks[1]["checks"][s]

@@ -35,13 +35,12 @@ def clip_coefficient(squared_norm: float | torch.Tensor, max_norm: float) -> flo
 
 
 def squared_grad_norm(parameters: Iterable[torch.nn.Parameter]) -> torch.Tensor:
-    """The sum of squares of the parameters' gradients (float64; those without a gradient count 0): the part of a
-    global norm that one stage or shard holds."""
-    total = torch.zeros((), dtype=torch.float64)
-    for p in parameters:
-        if p.grad is not None:
-            total += torch.linalg.vector_norm(p.grad.detach()).double().cpu() ** 2
-    return total
+    """The sum of squares of the parameters' gradients (float64 on the CPU; those without a gradient count 0): the
+    part of a global norm that one stage or shard holds. One fused call over every gradient (torch._foreach_norm)."""
+    grads = [p.grad.detach() for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float64)
+    return torch.stack(torch._foreach_norm(grads)).double().square().sum().cpu()
 
 
 def clip_gradients(parameters: Iterable[torch.nn.Parameter], max_norm: float | None,
@@ -55,9 +54,8 @@ def clip_gradients(parameters: Iterable[torch.nn.Parameter], max_norm: float | N
     if squared_norm is None:
         squared_norm = squared_grad_norm(parameters)
     coefficient = clip_coefficient(squared_norm, max_norm)
-    if coefficient < 1.0:
-        for p in parameters:
-            p.grad.detach().mul_(coefficient)
+    if coefficient < 1.0 and parameters:
+        torch._foreach_mul_([p.grad.detach() for p in parameters], coefficient)
     return float(squared_norm) ** 0.5
 
 
