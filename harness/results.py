@@ -238,3 +238,28 @@ def load_suite(suite_dir: str | Path) -> list[RunResult]:
         except ValueError as err:
             warnings.warn(f"skipped a run: {err}", stacklevel=2)
     return runs
+
+
+def target_of(spec: dict[str, Any]) -> tuple[str, float] | None:
+    """A run's target: ("accuracy", a) for the budget's target_accuracy, ("loss", l) for its target_loss, or None."""
+    budget = spec.get("budget") or {}
+    for kind in ("accuracy", "loss"):
+        value = budget.get(f"target_{kind}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return kind, float(value)
+    return None
+
+
+def reached_target(evals: pd.DataFrame, spec: dict[str, Any]) -> pd.Series:
+    """Which eval records meet the run's target: test_accuracy >= target_accuracy, or test_loss <= target_loss
+    (all False without a target)."""
+    import pandas as pd
+
+    target = target_of(spec)
+    if target is None:
+        return pd.Series(False, index=evals.index)
+    kind, value = target
+    column = "test_accuracy" if kind == "accuracy" else "test_loss"
+    values = pd.to_numeric(evals[column], errors="coerce").astype(float) if column in evals else \
+        pd.Series(float("nan"), index=evals.index)
+    return values >= value if kind == "accuracy" else values <= value

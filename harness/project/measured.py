@@ -12,8 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.report.tables import reached_target
-from harness.results import RunResult, read_json
+from harness.results import RunResult, reached_target, read_json
 from harness.trace import TraceEvent, parse_events
 
 #: Params that shape a run (batch, split, stages) rather than choose its algorithm: runs that differ only in these

@@ -79,7 +79,7 @@ def rankings(table: pd.DataFrame, baseline: str,
     (see _order); a label with no completed run keeps a row (rank NaN, `states` says what became of its runs).
     `baseline` is a label without its network (choose_baseline). `targets`: each workload's target accuracy (None
     where its runs set none or differ: that stratum ranks by final accuracy), or one target for all, or None; a
-    target may be a (kind, value) pair (tables.target_of): ("loss", l) is a target_loss, whose stratum ranks
+    target may be a (kind, value) pair (results.target_of): ("loss", l) is a target_loss, whose stratum ranks
     labels that never reach it by final loss, lowest first.
     """
     data = with_keys(table)

@@ -11,7 +11,7 @@ import pandas as pd
 
 from harness.report import hygiene, stats
 from harness.report.pipeline import measured_bubble
-from harness.results import RunResult
+from harness.results import RunResult, reached_target, target_of
 
 #: The summary.csv contract, in order (docs/results.md); EXTRA_COLUMNS follow.
 SUMMARY_COLUMNS = (
@@ -102,26 +102,6 @@ def run_summary(run: RunResult) -> dict[str, Any]:
         "perplexity": math.exp(last_value(loss)) if math.isfinite(last_value(loss)) else math.nan,
         "bytes_per_token": bytes_per_token(spec, total_bytes / samples if samples > 0 else math.nan),
     }
-
-
-def target_of(spec: dict[str, Any]) -> tuple[str, float] | None:
-    """A run's target: ("accuracy", a) for the budget's target_accuracy, ("loss", l) for its target_loss, or None."""
-    budget = spec.get("budget") or {}
-    for kind in ("accuracy", "loss"):
-        value = budget.get(f"target_{kind}")
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return kind, float(value)
-    return None
-
-
-def reached_target(evals: pd.DataFrame, spec: dict[str, Any]) -> pd.Series:
-    """Which eval records meet the run's target: test_accuracy >= target_accuracy, or test_loss <= target_loss
-    (all False without a target)."""
-    target = target_of(spec)
-    if target is None:
-        return pd.Series(False, index=evals.index)
-    kind, value = target
-    return numeric(evals, "test_accuracy") >= value if kind == "accuracy" else numeric(evals, "test_loss") <= value
 
 
 def bytes_per_token(spec: dict[str, Any], per_sample: float) -> float:
