@@ -99,3 +99,21 @@ def context(method_name: str, rank: int, world_size: int, params: dict | None = 
                      run_dir=run_dir or Path(tempfile.mkdtemp(prefix="dtbench-test-")), log=lambda kind, **f: None)
     torch.manual_seed(seed)
     return cls, ctx
+
+
+def train_steps(method, steps: int, batch_size: int = 32, drain: bool = True,
+                between: Callable[[int], None] | None = None) -> list[float]:
+    """Train `method` for `steps` steps on the shared seed-0 data order, as the runner feeds it; the losses.
+    `between(t)` runs after step t (where the runner evaluates); `drain=False` leaves microbatches in flight."""
+    from harness.data.tensors import Batch, DataOrder
+
+    data = method.ctx.workload.train
+    order = DataOrder(len(data), batch_size, seed=0)
+    losses = []
+    for t in range(steps):
+        losses.append(method.train_step(Batch(t, t / order.steps_per_epoch, order.batch(t), data, 0)).loss)
+        if between is not None:
+            between(t)
+    if drain:
+        method.end_training()
+    return losses

@@ -19,6 +19,17 @@ def repo_root() -> Path:
     return ROOT
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """For a module of tiny models: one thread is as fast, and does not thrash when other tests share the cores."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """slurm tests run only when asked for (-m slurm, as nox -s slurm does): they start a whole cluster."""
     if "slurm" in (config.getoption("markexpr") or ""):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from _dist import context, spawn
+from _dist import context, spawn, train_steps
 from harness.data.tensors import Batch, DataOrder
 
 RESNET = {"depth": 8}
@@ -25,15 +25,10 @@ def _make(name, params=None, rank=0, world_size=1, run_dir=None, workload="digit
 
 
 def _train(method, steps, batch_size=32, evaluate_after=None):
-    data = method.ctx.workload.train
-    order = DataOrder(len(data), batch_size, seed=0)
-    losses = []
-    for t in range(steps):
-        losses.append(method.train_step(Batch(t, t / order.steps_per_epoch, order.batch(t), data, 0)).loss)
-        if t == evaluate_after:  # as the runner does between steps: a collective with microbatches in flight
+    def evaluate(t):  # as the runner does between steps: a collective with microbatches in flight
+        if t == evaluate_after:
             method.evaluate(method.ctx.workload.test)
-    method.end_training()
-    return losses
+    return train_steps(method, steps, batch_size, between=evaluate)
 
 
 def _flat(method) -> torch.Tensor:

@@ -8,8 +8,7 @@ import math
 import pytest
 import torch
 
-from _dist import context, spawn
-from harness.data.tensors import Batch, DataOrder
+from _dist import context, spawn, train_steps
 from harness.toolkit import clip_gradients, evaluate_classifier
 
 TEXT = ("Shall I compare thee to a summer's day? Thou art more lovely and more temperate: rough winds do shake the "
@@ -46,12 +45,19 @@ def make(name, corpus, params=None, rank=0, world_size=1, n_layer=2):
 
 
 def train(method, steps, batch_size=8):
-    data = method.ctx.workload.train
-    order = DataOrder(len(data), batch_size, seed=0)
-    losses = [method.train_step(Batch(t, t / order.steps_per_epoch, order.batch(t), data, 0)).loss
-              for t in range(steps)]
-    method.end_training()
-    return losses
+    return train_steps(method, steps, batch_size)
+
+
+def sgd_on_one_thread(corpus, steps=4):
+    """sgd trained as each rank trains (one thread), so its float sums run in the ranks' order."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        sgd = make("sgd", corpus)
+        train(sgd, steps)
+    finally:
+        torch.set_num_threads(threads)
+    return sgd
 
 
 def flat(method):
@@ -111,13 +117,7 @@ def _ddp_rank(rank, world_size, corpus):
 @pytest.mark.slow
 def test_ddp_on_the_gpt_equals_sgd_at_the_same_global_batch(corpus):
     out = spawn(_ddp_rank, 2, corpus)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        sgd = make("sgd", corpus)
-        train(sgd, 4)
-    finally:
-        torch.set_num_threads(threads)
+    sgd = sgd_on_one_thread(corpus)
     for weights, _ in out:
         torch.testing.assert_close(weights, flat(sgd), rtol=0, atol=1e-5)
 
@@ -134,13 +134,7 @@ def test_the_multi_process_pipeline_reduces_the_norm_across_its_stages(corpus):
     """On 4 real ranks each stage holds part of the norm: the stages' sums are all-reduced (category grad_norm), and
     the weights equal sgd's."""
     out = spawn(_gpipe_rank, 4, corpus)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        sgd = make("sgd", corpus)
-        train(sgd, 4)
-    finally:
-        torch.set_num_threads(threads)
+    sgd = sgd_on_one_thread(corpus)
     ours = torch.cat([p.flatten() for params, _ in out for p in params])
     torch.testing.assert_close(ours, flat(sgd), rtol=0, atol=2e-6)
     assert all(sent["grad_norm"][0] > 0 for _, sent in out)

@@ -23,12 +23,7 @@ def no_env_root(monkeypatch):
     monkeypatch.delenv(imagenet.ENV_VAR, raising=False)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def write_folder(folder: Path, classes=CLASSES, per_class=None) -> Path:

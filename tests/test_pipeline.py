@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _dist import context, spawn
+from _dist import context, spawn, train_steps
 from harness.data.tensors import Batch, DataOrder
 from harness.toolkit import evaluate_classifier
 
@@ -17,14 +17,7 @@ def _make(name, rank=0, world_size=1, params=None, records=None):
     return cls(ctx)
 
 
-def _train(method, steps, batch_size=32, drain=True):
-    data = method.ctx.workload.train
-    order = DataOrder(len(data), batch_size, seed=0)
-    losses = [method.train_step(Batch(t, t / order.steps_per_epoch, order.batch(t), data, 0)).loss
-              for t in range(steps)]
-    if drain:
-        method.end_training()
-    return losses
+_train = train_steps
 
 
 def _stage_params(method, stage):

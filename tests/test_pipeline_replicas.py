@@ -8,8 +8,7 @@ import json
 import pytest
 import torch
 
-from _dist import context, spawn
-from harness.data.tensors import Batch, DataOrder
+from _dist import context, spawn, train_steps
 
 
 def _make(name, rank=0, world_size=1, params=None, run_dir=None):
@@ -17,13 +16,7 @@ def _make(name, rank=0, world_size=1, params=None, run_dir=None):
     return cls(ctx)
 
 
-def _train(method, steps, batch_size=32):
-    data = method.ctx.workload.train
-    order = DataOrder(len(data), batch_size, seed=0)
-    losses = [method.train_step(Batch(t, t / order.steps_per_epoch, order.batch(t), data, 0)).loss
-              for t in range(steps)]
-    method.end_training()
-    return losses
+_train = train_steps
 
 
 def _params_of(method):

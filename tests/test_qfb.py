@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from _dist import context, spawn
+from _dist import context, spawn, train_steps
 from harness.data.tensors import Batch, DataOrder
 from methods.pipeline.core.actions import compute_order
 from methods.pipeline.core.interleaver import validate
@@ -24,13 +24,7 @@ def _make(rank=0, world_size=1, params=None, records=None, workload="digits-mlp"
     return cls(ctx)
 
 
-def _train(method, steps, batch_size=32):
-    data = method.ctx.workload.train
-    order = DataOrder(len(data), batch_size, seed=0)
-    losses = [method.train_step(Batch(t, t / order.steps_per_epoch, order.batch(t), data, 0)).loss
-              for t in range(steps)]
-    method.end_training()
-    return losses
+_train = train_steps
 
 
 def _flat(method):

@@ -8,14 +8,7 @@ from torch import nn
 
 from harness.data import resnet
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: one thread is as fast, and does not thrash when other tests share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def count_parameters(model: nn.Module) -> int:

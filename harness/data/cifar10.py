@@ -33,6 +33,15 @@ def resolve_root(data_root: str | os.PathLike | None = None) -> Path:
     return Path(root).expanduser()
 
 
+def root_source(data_root: str | os.PathLike | None = None) -> str:
+    """Where `resolve_root` took the root from, in words for an error message."""
+    if data_root not in (None, ""):
+        return "the data_root argument"
+    if os.environ.get(ENV_VAR):
+        return f"${ENV_VAR}"
+    return f"the default; set ${ENV_VAR} or data_root to change it"
+
+
 def load(data_root: str | None = None) -> tuple[TensorData, TensorData]:
     """CIFAR-10 (train 50,000, test 10,000) as uint8 N x 3 x 32 x 32 inputs and int64 labels.
 
@@ -59,12 +68,7 @@ def load(data_root: str | None = None) -> tuple[TensorData, TensorData]:
 
 
 def _missing_message(root: Path, data_root: str | None) -> str:
-    if data_root not in (None, ""):
-        source = "the data_root argument"
-    elif os.environ.get(ENV_VAR):
-        source = f"${ENV_VAR}"
-    else:
-        source = f"the default; set ${ENV_VAR} or data_root to change it"
+    source = root_source(data_root)
     return (
         f"CIFAR-10 not found under {root} (root from {source}). Looked for {root / TORCHVISION_DIR}/ "
         f"(torchvision layout) and {root / HF_DIR}/ (Hugging Face save_to_disk layout). To get it, on a "

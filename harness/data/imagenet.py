@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.data.cifar10 import ENV_VAR, resolve_root
+from harness.data.cifar10 import ENV_VAR, resolve_root, root_source
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -74,12 +73,7 @@ def _scan(split: Path, allow_empty: bool):
 
 
 def _missing_message(root: Path, data_root: str | None) -> str:
-    if data_root not in (None, ""):
-        source = "the data_root argument"
-    elif os.environ.get(ENV_VAR):
-        source = f"${ENV_VAR}"
-    else:
-        source = f"the default; set ${ENV_VAR} or data_root to change it"
+    source = root_source(data_root)
     tried = " and ".join(f"{f / 'train'}/ + {f / 'val'}/" for f in candidates(root))
     return (
         f"ImageNet not found under {root} (root from {source}). Looked for {tried} (one folder per class in "
