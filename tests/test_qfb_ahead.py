@@ -17,6 +17,7 @@ from methods.pipeline.core.interleaver import validate
 from methods.pipeline.core.placement import Placement
 from methods.pipeline.core.schedules import ahead_lead, ahead_version, qfb_ahead_drain, qfb_ahead_tick
 from methods.pipeline.core.views import split_sizes
+from methods.pipeline.qfb.ahead import AheadVersions
 from methods.pipeline.qfb.piecewise import Piecewise
 
 
@@ -114,6 +115,22 @@ def test_the_update_is_the_hand_written_delayed_gradient_loop(stages, micro, buf
     bound = math.ceil(buffer / micro) + 1
     assert all(st.policy.held() <= bound for st in method.workers.values())
     method.finish()
+
+
+def test_a_copy_taken_while_a_forward_runs_on_a_stash_is_of_the_live_weights():
+    """Q-FB's backward lane copies the weights after its update while its forward lane may be inside
+    functional_call on a stash, which swaps the stash into the module for that call: the copy is still the live
+    weights (the race that made two real lanes differ from one thread, once in a few runs)."""
+    module = torch.nn.Linear(3, 2)
+    policy = AheadVersions(module, lead=3, microbatches=2)
+    stash = {name: torch.zeros_like(p) for name, p in module.named_parameters()}
+    seen = []
+    module.register_forward_pre_hook(lambda _module, _args: seen.append(policy.snapshot()))
+    functional_call(module, stash, (torch.ones(1, 3),))
+    assert len(seen) == 1
+    for name, p in module.named_parameters():
+        assert p.abs().sum() > 0
+        torch.testing.assert_close(seen[0][name], p.detach(), rtol=0, atol=0)
 
 
 @pytest.mark.slow

@@ -23,6 +23,10 @@ class WeightPolicy(abc.ABC):
 
     def __init__(self, module: nn.Module):
         self.module = module
+        # The live parameters, taken once: while a forward runs torch.func.functional_call on the module (a stash or a
+        # prediction), the module's own entries are those tensors, so another thread (Q-FB's backward lane, copying
+        # the weights after its update) reading module.named_parameters() then would copy the stash instead.
+        self.parameters: dict[str, nn.Parameter] = dict(module.named_parameters())
         self.version = 0  # updates applied to the live weights
 
     @abc.abstractmethod
@@ -45,7 +49,7 @@ class WeightPolicy(abc.ABC):
 
     def snapshot(self) -> Weights:
         """A detached copy of the live weights, each a leaf that collects its own gradient (as its parameter would)."""
-        return {name: p.detach().clone().requires_grad_(p.requires_grad) for name, p in self.module.named_parameters()}
+        return {name: p.detach().clone().requires_grad_(p.requires_grad) for name, p in self.parameters.items()}
 
     def needs_stash(self) -> bool:
         """Whether forwards must run on a kept version (an update can come between a forward and its backward)."""
@@ -180,7 +184,7 @@ class DoubleBuffered(WeightPolicy):
         velocity it was made with, so iteration t runs on an estimate of version t instead of t - D)."""
         if self.version in self._versions:
             return
-        params = dict(self.module.named_parameters())
+        params = self.parameters
         made = (predicted_by_velocity(params, self.optimizer, self.delay) if self.optimizer is not None
                 and self.prediction == "lwp_v" else {name: p.detach().clone() for name, p in params.items()})
         self._versions[self.version] = {name: w.requires_grad_(params[name].requires_grad)
