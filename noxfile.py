@@ -98,8 +98,8 @@ def smoke(session: nox.Session) -> None:
         session.error(f"{len(bad)} smoke runs did not complete (the report lists them): " + "; ".join(bad))
     missed = _missed_target(Path(out) / "smoke")
     if missed:
-        session.error(f"{len(missed)} smoke runs completed without reaching their target (a "
-                      "configuration at the edge of its stability; the report shows their curves): " + "; ".join(missed))
+        session.error(f"{len(missed)} smoke runs completed without reaching their target (a configuration at "
+                      "the edge of its stability; the report shows their curves): " + "; ".join(missed))
 
 
 def _missed_target(suite_dir: Path) -> list[str]:
