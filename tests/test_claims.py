@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness.claims import evaluate
 from harness.claims.evaluate import CLAIM_COLUMNS, evaluate_claims, verdict
 from harness.claims.model import load_claims
 from harness.cli import main
@@ -246,3 +247,46 @@ def test_every_shipped_claim_file_loads_and_names_runs_of_its_suite(claims_path:
     for claim in claims.claim:
         for name in (claim.method, claim.baseline):
             assert matching_rows(table, name).any(), f"{claim.id}: {name!r} names no run of {suite.name}"
+
+
+def test_a_design_check_and_a_cluster_claim_are_shown_apart_from_the_evidence(suite: Path, tmp_path: Path,
+                                                                               capsys) -> None:
+    design = claim("layout", "total_bytes", "ratio_le", 0.02) + 'kind = "design"\nwhy = "the payload layout"\n'
+    cluster = (claim("speed", "time_to_target_s", "ratio_le", 0.7) + 'kind = "cluster"\n'
+               'why = "2 cores cannot show it"\n')
+    path = claim_file(tmp_path / "c.toml", claim("acc", "final_accuracy", "diff_ge", -0.02), design, cluster)
+    assert main(["claims", str(suite), str(path)]) == 0
+    out = capsys.readouterr().out
+    evidence, rest = out.split("Design checks")
+    assert "acc holds" in evidence and "layout holds" not in evidence and "speed holds" not in evidence
+    assert "layout holds" in rest.split("Needs a cluster")[0] and "speed holds" in rest.split("Needs a cluster")[1]
+    assert "1 PASS, 0 FAIL, 0 INCONCLUSIVE" in out and "design checks: 1 PASS, 0 FAIL, 0 INCONCLUSIVE" in out
+    verdicts = pd.read_csv(suite / "report" / "claims.csv").set_index("id")
+    assert verdicts.loc["layout", "kind"] == "design" and verdicts.loc["layout", "verdict"] == "PASS"
+    # the speed claim's interval passes, but this machine cannot decide it: never PASS, and the note says why
+    assert verdicts.loc["speed", "verdict"] == "INCONCLUSIVE"
+    assert "would be PASS here, but needs a cluster: 2 cores cannot show it" in verdicts.loc["speed", "note"]
+    html_text = evaluate.claims_html(verdicts.reset_index().fillna({"note": ""}), path)
+    assert html_text.index("acc") < html_text.index('id="claims-design"') < html_text.index("layout")
+    assert html_text.index("layout") < html_text.index('id="claims-cluster"') < html_text.index("speed holds")
+
+
+def test_a_design_or_cluster_claim_without_why_and_a_negative_tolerance_are_errors(suite: Path, tmp_path: Path,
+                                                                                  capsys) -> None:
+    for extra, message in (('kind = "design"\n', "why: required for kind = 'design'"),
+                           ('kind = "proof"\n', r"claim\[0\].kind")):
+        path = claim_file(tmp_path / "c.toml", claim("a", "total_bytes", "ratio_le", 1) + extra)
+        assert main(["claims", str(suite), str(path)]) == 2
+        assert re.search(message, capsys.readouterr().err)
+    path = claim_file(tmp_path / "c.toml", claim("a", "final_accuracy", "absdiff_le", -0.1))
+    assert main(["claims", str(suite), str(path)]) == 2
+    assert "absdiff_le needs a tolerance >= 0" in capsys.readouterr().err
+
+
+def test_absdiff_le_fails_a_method_below_the_baseline_by_more_than_the_tolerance(suite: Path, tmp_path: Path) -> None:
+    # dgc's accuracy is ddp's +0.01, -0.01, 0: its mean difference is 0 (as transparent as can be) ...
+    verdicts = judge(suite, tmp_path, claim("same", "final_accuracy", "absdiff_le", 0.02),
+                     claim("bytes-same", "total_bytes", "absdiff_le", 1.0))
+    assert verdicts.loc["same", "verdict"] == "PASS"
+    # ... while its bytes are far *below* ddp's: one-sided diff_le would pass them, |diff| <= 1 does not
+    assert verdicts.loc["bytes-same", "verdict"] == "FAIL"

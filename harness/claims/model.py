@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.report.tables import EXTRA_COLUMNS, MORE_COLUMNS, SUMMARY_COLUMNS
 from harness.suite.files import FileError, load_toml
@@ -15,15 +15,22 @@ from harness.suite.files import FileError, load_toml
 TEXT_COLUMNS = ("suite", "run_id", "method", "workload", "state", "label", "family", "network", "noisy")
 #: The columns a claim's `metric` may name: every numeric column of summary.csv.
 METRIC_COLUMNS = tuple(c for c in (*SUMMARY_COLUMNS, *EXTRA_COLUMNS, *MORE_COLUMNS) if c not in TEXT_COLUMNS)
-Relation = Literal["ratio_le", "ratio_ge", "diff_le", "diff_ge"]
+Relation = Literal["ratio_le", "ratio_ge", "diff_le", "diff_ge", "absdiff_le"]
+#: What a claim's verdict is: evidence from training; a design check (a value the implementation fixes, such as a
+#: payload layout, whatever training does: shown apart, never counted as evidence); or a statement this machine kind
+#: cannot decide (the paper's regime needs a cluster: measured and shown apart, its verdict always INCONCLUSIVE).
+Kind = Literal["evidence", "design", "cluster"]
 
 
 class Claim(BaseModel):
     """One `[[claim]]`: a paper's statement about `metric` of `method` against `baseline`.
 
     relation: ratio_le (mean(method) / mean(baseline) <= value), ratio_ge (>=), diff_le (mean(method - baseline)
-    <= value) or diff_ge (>=), over seeds paired by (workload, network, seed). `setting` says whether the suite
-    reproduces the paper's setting or a scaled-down one; `note` how the statement was read into a number.
+    <= value), diff_ge (>=) or absdiff_le (|mean(method - baseline)| <= value: two-sided, for transparency), over
+    seeds paired by (workload, network, seed). `setting` says whether the suite reproduces the paper's setting or a
+    scaled-down one; `note` how the statement was read into a number; `kind` whether the verdict is evidence, a
+    design check or needs a cluster (Kind), and `why`, for the last two, what fixes the value or what the cluster
+    gives that this machine does not.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -38,6 +45,8 @@ class Claim(BaseModel):
     baseline: str = Field(min_length=1)
     relation: Relation
     value: float
+    kind: Kind = "evidence"
+    why: str = Field(default="", description="design: what fixes the value; cluster: why it cannot pass here")
 
     @field_validator("metric")
     @classmethod
@@ -52,6 +61,15 @@ class Claim(BaseModel):
         if not math.isfinite(value):
             raise ValueError("must be a finite number")
         return value
+
+    @model_validator(mode="after")
+    def _why_for_non_evidence(self) -> Claim:
+        if self.kind != "evidence" and not self.why.strip():
+            raise ValueError(f"why: required for kind = {self.kind!r} (what fixes the value, or why it needs a "
+                             "cluster)")
+        if self.relation == "absdiff_le" and self.value < 0:
+            raise ValueError("value: absdiff_le needs a tolerance >= 0")
+        return self
 
 
 class ClaimFile(BaseModel):

@@ -44,7 +44,8 @@ def robust_table(table: pd.DataFrame, baseline: str, has_target: bool = True) ->
     without its network, in the same stratum; 'beats' is a higher accuracy, a shorter time; NaN on the baseline
     itself), and mlperf_time_to_target_s (the olympic mean over seeds when the label's runs share one stratum).
 
-    A missed target counts as an infinite time. Without a target (`has_target` False) the time columns are NaN.
+    A missed target counts as an infinite time: it ranks slowest in the probability of improvement, and an IQM or
+    interval end that it reaches is NaN (censored: not a number). Without a target (`has_target` False) the time columns are NaN.
     """
     data = with_keys(table)
     rows = []
@@ -57,8 +58,10 @@ def robust_table(table: pd.DataFrame, baseline: str, has_target: bool = True) ->
                 continue
             sign = 1.0 if higher else -1.0
             ours = _by_stratum(group, metric, 1.0)
+            # A missed target is an infinite time here; an IQM (or an interval end) that one reaches is censored,
+            # not a number: NaN, shown as '–'.
             row[f"iqm_{metric}"], row[f"iqm_{metric}_low"], row[f"iqm_{metric}_high"] = (
-                stats.stratified_bootstrap_ci(list(ours.values())))
+                v if math.isfinite(v) else math.nan for v in stats.stratified_bootstrap_ci(list(ours.values())))
             theirs = _by_stratum(data[data["method_label"] == baseline], metric, sign)
             shared = [key for key in ours if key in theirs]
             if mine == baseline or not shared:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.report import stats
+from harness.report import censored, stats
 from harness.report.comparisons import with_keys
 from harness.report.page import number_text, table_html
 from harness.report.tables import not_completed
@@ -19,7 +19,8 @@ from harness.report.tables import not_completed
 RANKING_COLUMNS = (
     "workload", "network", "target_accuracy", "rank", "label", "method_label", "runs", "completed", "reached",
     "time_to_target_s", "speedup_vs_baseline", "speedup_ci_low", "speedup_ci_high", "speedup_pairs",
-    "final_accuracy", "bytes_per_sample", "states", "target_loss", "final_loss",
+    "final_accuracy", "bytes_per_sample", "states", "target_loss", "final_loss", "speedup_bound",
+    "speedup_bound_side",
 )  # fmt: skip
 #: The per-run columns summary.csv gains (docs/results.md).
 SPEEDUP_COLUMNS = ("speedup_vs_baseline", "speedup_ci_low", "speedup_ci_high")
@@ -51,6 +52,27 @@ def speedup(label_runs: pd.DataFrame, baseline_runs: pd.DataFrame) -> tuple[floa
         return math.nan, math.nan, math.nan, len(seeds)
     ratio, low, high = stats.paired_bootstrap(a, b, "ratio")
     return ratio, low, high, len(seeds)
+
+
+def bounded_speedup(label_runs: pd.DataFrame, baseline_runs: pd.DataFrame) -> tuple[float, str]:
+    """Completed runs of a label and of the baseline in one stratum -> (bound, side) when a missed target on one
+    side leaves only a bound on the speed-up, and that bound decides which is faster (censored.speedup_bound): a
+    missed time to target counts as the run's train time, which it is known to exceed. (NaN, '') otherwise."""
+    def per_seed(runs: pd.DataFrame) -> pd.DataFrame:
+        first = runs.groupby("seed")[["time_to_target_s", "train_time_s"]].first().astype(float)
+        missed = ~np.isfinite(first["time_to_target_s"].to_numpy())
+        return pd.DataFrame({"time": np.where(missed, first["train_time_s"], first["time_to_target_s"]),
+                             "missed": missed}, index=first.index)
+
+    if "train_time_s" not in label_runs or "train_time_s" not in baseline_runs:
+        return math.nan, ""
+    mine, theirs = per_seed(label_runs), per_seed(baseline_runs)
+    seeds = [seed for seed in mine.index if seed in theirs.index]
+    if not seeds or mine.loc[seeds, "time"].isna().any() or theirs.loc[seeds, "time"].isna().any():
+        return math.nan, ""
+    return censored.speedup_bound(mine.loc[seeds, "time"].to_numpy(float), mine.loc[seeds, "missed"].to_numpy(bool),
+                                  theirs.loc[seeds, "time"].to_numpy(float),
+                                  theirs.loc[seeds, "missed"].to_numpy(bool))
 
 
 def _order(row: dict[str, Any]) -> tuple:
@@ -91,8 +113,11 @@ def rankings(table: pd.DataFrame, baseline: str,
         for label, group in stratum.groupby("label", sort=False):
             mine = done[done["label"] == label]
             times = mine["time_to_target_s"].astype(float)
+            bound, side = math.nan, ""
             if len(mine) and mine["method_label"].iloc[0] != baseline and len(base):
                 ratio, low, high, pairs = speedup(mine, base)
+                if math.isnan(ratio):
+                    bound, side = bounded_speedup(mine, base)
             else:
                 ratio, low, high, pairs = math.nan, math.nan, math.nan, 0
             target = targets.get(str(workload)) if isinstance(targets, Mapping) else targets
@@ -106,7 +131,7 @@ def rankings(table: pd.DataFrame, baseline: str,
                 "reached": int(np.isfinite(times).sum()), "time_to_target_s": _mean(times),
                 "speedup_vs_baseline": ratio, "speedup_ci_low": low, "speedup_ci_high": high, "speedup_pairs": pairs,
                 "final_accuracy": _mean(mine["final_accuracy"]), "bytes_per_sample": _mean(mine["bytes_per_sample"]),
-                "states": not_completed(group),
+                "states": not_completed(group), "speedup_bound": bound, "speedup_bound_side": side,
             })  # fmt: skip
         ranked.sort(key=_order)
         for position, row in enumerate(ranked, start=1):
@@ -204,6 +229,9 @@ def verdict(stratum: pd.DataFrame, baseline: str) -> str:
         return text + ": it is the baseline."
     if math.isfinite(top["speedup_vs_baseline"]):
         return text + f": {top['speedup_vs_baseline']:.2f}x{_interval(top)} the speed of the baseline {baseline}."
+    if top.get("speedup_bound_side") == ">=":
+        return text + (f": at least {top['speedup_bound']:.2f}x the speed of the baseline {baseline}, which missed "
+                       "the target on some runs (their time counted as their train time, which it exceeds).")
     if base.empty:
         return text + f"; the baseline {baseline} did not run here, so no speed-up is given."
     if base["completed"].iloc[0] == 0:
@@ -219,6 +247,9 @@ def _speedup_text(row: pd.Series, baseline: str) -> str:
         return "baseline"
     if math.isfinite(row["speedup_vs_baseline"]):
         return f"{row['speedup_vs_baseline']:.2f}x{_interval(row)}"
+    side = row.get("speedup_bound_side", "")
+    if side:  # a missed target on one side leaves a bound that still says which is faster
+        return f"{'≥' if side == '>=' else '≤'} {row['speedup_bound']:.2f}x"
     return "–"
 
 
@@ -240,7 +271,9 @@ def rankings_html(ranked: pd.DataFrame, baseline: str) -> str:
              f"that reached it; labels that reached it on every run first, then those that reached it on some, by "
              f"the share), then by final accuracy. Speed-up: the baseline <b>{e(baseline)}</b>'s mean time to target "
              f"over the label's, paired by seed, with its paired bootstrap interval; given only when both reached the "
-             f"target on every shared seed. A workload whose runs set no target accuracy (or different ones) ranks by "
+             f"target on every shared seed, or, where one side missed it on some seed, the bound (≥ or ≤) that the "
+             f"missed run's train time gives, when that bound says which is faster. A workload whose runs set no "
+             f"target accuracy (or different ones) ranks by "
              f"final accuracy, with no time to target and no speed-up.</p>\n"]
     for _, stratum in ranked.groupby(["workload", "network"], sort=False):
         target = stratum_target(stratum)
