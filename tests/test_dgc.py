@@ -131,8 +131,24 @@ def test_clipping_and_weight_decay_act_on_the_gradient_before_the_momentum():
     n = 2_000
     g, w = torch.full((n,), 1.0), torch.full((n,), 2.0)  # |g| = sqrt(2000) ~ 44.7
     memory = DGCMemory(DGCCompressor(1.0), momentum=0.9, weight_decay=0.1, clip_norm=0.5)
+    memory.prepare([("w", g)])
     sent = memory.compensate(g, "w", w)
     torch.testing.assert_close(sent, g * 0.5 / math.sqrt(n) + 0.1 * w)  # clipped g, then + wd·w; u = that (step 1)
+
+
+
+def test_local_clipping_scales_the_whole_bucket_by_its_joint_norm():
+    """The paper clips a node's whole gradient (its sum of squares), not each tensor: two tensors of norms 3 and 4
+    clipped at 1 are both scaled by 1/5, so their directions relative to each other are kept."""
+    a, b = torch.full((9,), 1.0), torch.full((16,), 1.0)  # norms 3 and 4: the bucket's 5
+    memory = DGCMemory(DGCCompressor(1.0), momentum=0.0, clip_norm=1.0)
+    memory.prepare([("a", a), ("b", b)])
+    torch.testing.assert_close(memory.compensate(a, "a", a), a / 5)
+    torch.testing.assert_close(memory.compensate(b, "b", b), b / 5)
+    with pytest.raises(RuntimeError, match="call prepare on its bucket first"):
+        memory.compensate(a, "a", a)  # each factor serves one compensate: a new bucket needs prepare again
+    memory.prepare([("a", a / 10)])  # under the threshold: untouched
+    torch.testing.assert_close(memory.compensate(a / 10, "a", a), a / 10)
 
 
 def _train(rank: int, world_size: int, method_name: str, params: dict, epochs: list[float]):

@@ -59,6 +59,11 @@ class Compressor(abc.ABC):
 class Memory:
     """No memory: compensate returns the gradient as it is, update forgets."""
 
+    def prepare(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Called once per bucket with its (name, gradient) pairs in model order, before their compensate calls:
+        a memory that acts on the bucket as a whole (DGC's local clipping by the norm) computes it here."""
+        return None
+
     def compensate(self, tensor: torch.Tensor, name: str, param: torch.Tensor) -> torch.Tensor:
         return tensor
 

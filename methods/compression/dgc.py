@@ -30,12 +30,6 @@ def density_at(epoch: float, warmup_epochs: float, final_density: float) -> floa
     return max(WARMUP_DENSITIES[min(stage, len(WARMUP_DENSITIES) - 1)], final_density)
 
 
-def clip_to_norm(gradient: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """The gradient scaled down to L2 norm `max_norm` if it is longer (a new tensor then; else the same one)."""
-    norm = float(torch.linalg.vector_norm(gradient))
-    return gradient * (max_norm / norm) if norm > max_norm else gradient
-
-
 def indices_at_least(tensor: torch.Tensor, threshold: float, block: int | None = None,
                      scratch: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """Ascending int64 indices i with |tensor_i| >= threshold > 0 (tensor: flat).
@@ -188,8 +182,9 @@ class DGCMemory(Memory):
     """Momentum correction: u <- m·u + g; v <- v + u; v is what gets sparsified. After sending, v loses exactly
     what was sent (zero there with fp32 values) and, with momentum factor masking, u is zeroed there too.
 
-    g is first clipped (per tensor, to `clip_norm`, when set) and then gains weight_decay·w. Tensors the
-    compressor sends dense skip accumulation: they send u itself (g + m·u with Nesterov), i.e. momentum SGD.
+    g is first clipped (by the L2 norm of its whole bucket, to `clip_norm`, when set: prepare computes the factor)
+    and then gains weight_decay·w. Tensors the compressor sends dense skip accumulation: they send u itself
+    (g + m·u with Nesterov), i.e. momentum SGD.
     """
 
     def __init__(self, compressor: DGCCompressor, momentum: float, weight_decay: float = 0.0,
@@ -202,11 +197,23 @@ class DGCMemory(Memory):
         self.momentum_masking = momentum_masking
         self.momentums: dict[str, torch.Tensor] = {}
         self.velocities: dict[str, torch.Tensor] = {}
+        self.clip_scales: dict[str, float] = {}  # this bucket's clipping factor, per tensor name (prepare)
+
+    def prepare(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Local gradient clipping: the factor min(1, clip_norm / |g|) of the bucket's whole gradient g."""
+        if self.clip_norm is None or not tensors:
+            return
+        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.detach()) for _, g in tensors])))
+        scale = self.clip_norm / norm if norm > self.clip_norm else 1.0
+        self.clip_scales = {name: scale for name, _ in tensors}
 
     def compensate(self, tensor: torch.Tensor, name: str, param: torch.Tensor) -> torch.Tensor:
         gradient = tensor.detach().view(-1)
         if self.clip_norm is not None:
-            gradient = clip_to_norm(gradient, self.clip_norm)
+            if name not in self.clip_scales:
+                raise RuntimeError(f"DGCMemory.compensate({name!r}) with clipping: call prepare on its bucket first")
+            scale = self.clip_scales.pop(name)
+            gradient = gradient * scale if scale < 1.0 else gradient
         if self.weight_decay:
             gradient = gradient.add(param.detach().view(-1), alpha=self.weight_decay)
         momentum = self.momentums.get(name)
@@ -249,7 +256,7 @@ class DGCParams(CompressionParams):
     warmup_epochs: float = Field(default=4, ge=0, description="epochs of exponential sparsity warm-up (0: none)")
     sample_fraction: float = Field(default=0.01, gt=0, le=1, description="share of |v| sampled for the threshold")
     clip_norm: float | None = Field(default=None, gt=0, description="the former name of grad_clip in dgc: local "
-                                    "gradient clipping at c / sqrt(N) per tensor (None: off)")
+                                    "gradient clipping at c / sqrt(N) by the bucket's norm (None: off)")
     fp16_values: bool = False
     momentum_masking: bool = True
     min_compress_numel: int = Field(default=1000, ge=0,
@@ -275,7 +282,7 @@ class DGC(CompressedDDP):
 of n elements (as its DDP bucket's gradient is ready):
 
         g <- grad f(w; B_k)                       this rank's shard of the global batch
-        g <- g · min(1, c / (sqrt(N) |g|))        local gradient clipping, when grad_clip = c
+        g <- g · min(1, c / (sqrt(N) |g|))        local gradient clipping, when grad_clip = c (|g|: the bucket's)
         g <- g + weight_decay · w
         u <- m · u + g                            momentum correction: the momentum is local ...
         v <- v + u                                ... and accumulated
@@ -290,8 +297,10 @@ of n elements (as its DDP bucket's gradient is ready):
     masking): density 1.0 is momentum SGD exactly, as in the reference implementation. With `nesterov`, g + m·u
     takes u's place in what is accumulated or sent.
 
-    Readings. Clipping is per tensor: the hook sees one parameter at a time, not the rank's whole gradient (the
-    paper's sum of squares); the reference implementation clips per tensor too. Weight decay joins g after clipping
+    Readings. Clipping is by the norm of each DDP bucket's gradient: the rank's whole gradient (the paper's sum of
+    squares) when the model fits one bucket (1 MiB first, as torch's DDP makes it; the GPT of suites/lm.toml does),
+    so that c / sqrt(N) locally matches a baseline that clips the averaged gradient's global norm at c, as the
+    paper intends (the reference implementation clips per tensor; so did this one until issue 37). Weight decay joins g after clipping
     and before the momentum, so it is sparsified with g (the reference's optimizer instead keeps a separate dense
     momentum for the decay term). Padding entries are counted in the payload bytes: they are on the wire.
     Train records gain `density` and `kept_fraction` (sparse payload slots that carried a value).

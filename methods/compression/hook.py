@@ -15,7 +15,7 @@ from methods.compression.stats import CompressionStats
 class CompressionHook:
     """A DDP communication hook over a compressor and a memory, with every byte through the Communicator.
 
-    For each bucket: per parameter, g <- memory.compensate(g); c <- compressor.compress(g); memory.update(g, c).
+    For each bucket: memory.prepare(the bucket's gradients); per parameter, g <- memory.compensate(g); c <- compressor.compress(g); memory.update(g, c).
     If the compressor's payloads sum (`sums`), they are concatenated in their own dtype and all-reduced, then
     decompressed once. Otherwise the bucket's payloads travel as one flat byte buffer, all-gathered (every rank's
     layout is the same, so no padding or size exchange is needed), and every rank decompresses every rank's
@@ -51,7 +51,9 @@ class CompressionHook:
             named.append((self.names[p], buffer[offset:offset + p.numel()], p))
             offset += p.numel()
         named.sort(key=lambda item: self.position[item[0]])
-        self.compressor.prepare([(n, g) for n, g, _ in named if n not in self.dense], self.comm)
+        compressed_part = [(n, g) for n, g, _ in named if n not in self.dense]
+        self.compressor.prepare(compressed_part, self.comm)
+        self.memory.prepare(compressed_part)
         items = []
         for name, grad, param in named:
             if name in self.dense:
