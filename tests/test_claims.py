@@ -290,3 +290,16 @@ def test_absdiff_le_fails_a_method_below_the_baseline_by_more_than_the_tolerance
     assert verdicts.loc["same", "verdict"] == "PASS"
     # ... while its bytes are far *below* ddp's: one-sided diff_le would pass them, |diff| <= 1 does not
     assert verdicts.loc["bytes-same", "verdict"] == "FAIL"
+
+
+def test_a_pass_counts_only_when_its_control_passes(suite: Path, tmp_path: Path, capsys) -> None:
+    control_fails = claim("control", "total_bytes", "ratio_le", 0.001)  # 0.01: FAIL
+    guarded = claim("guarded", "total_bytes", "ratio_le", 0.02) + 'requires = ["control"]\n'  # PASS alone
+    verdicts = judge(suite, tmp_path, control_fails, guarded)
+    assert verdicts.loc["guarded", "verdict"] == "INCONCLUSIVE"
+    assert "would be PASS, but its control did not pass (control is FAIL)" in verdicts.loc["guarded", "note"]
+    control_passes = claim("control", "total_bytes", "ratio_le", 0.05)
+    assert judge(suite, tmp_path, control_passes, guarded).loc["guarded", "verdict"] == "PASS"
+    path = claim_file(tmp_path / "bad.toml", claim("a", "total_bytes", "ratio_le", 1) + 'requires = ["nope"]\n')
+    assert main(["claims", str(suite), str(path)]) == 2
+    assert "claim[0].requires: 'nope' is not the id of another claim" in capsys.readouterr().err

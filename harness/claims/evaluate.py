@@ -164,7 +164,21 @@ def evaluate_claims(table: pd.DataFrame, claims: ClaimFile, path: str | Path = "
             except ValueError as exc:
                 raise FileError(f"{path}: claim[{i}].{field}: {exc}") from None
         rows.append(judge(table, claim, *masks))
-    return pd.DataFrame(rows, columns=list(CLAIM_COLUMNS))
+    return pd.DataFrame(_with_controls(rows, claims), columns=list(CLAIM_COLUMNS))
+
+
+def _with_controls(rows: list[dict[str, Any]], claims: ClaimFile) -> list[dict[str, Any]]:
+    """A PASS whose required claims (Claim.requires) did not all PASS becomes INCONCLUSIVE: it may hold for a reason
+    other than the paper's. Its note names the controls and their verdicts."""
+    verdicts = {row["id"]: row["verdict"] for row in rows}
+    for row, claim in zip(rows, claims.claim, strict=True):
+        missing = [f"{name} is {verdicts[name]}" for name in claim.requires if verdicts[name] != "PASS"]
+        if missing and row["verdict"] == "PASS":
+            row["verdict"] = "INCONCLUSIVE"
+            row["note"] = "; ".join(filter(None, [row["note"], (
+                f"would be PASS, but its control did not pass ({', '.join(missing)}): it may hold without the "
+                "mechanism the paper credits")]))
+    return rows
 
 
 #: The kinds of claim, in the order the terminal and the page show them, each with its heading.

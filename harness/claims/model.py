@@ -30,7 +30,7 @@ class Claim(BaseModel):
     seeds paired by (workload, network, seed). `setting` says whether the suite reproduces the paper's setting or a
     scaled-down one; `note` how the statement was read into a number; `kind` whether the verdict is evidence, a
     design check or needs a cluster (Kind), and `why`, for the last two, what fixes the value or what the cluster
-    gives that this machine does not.
+    gives that this machine does not. `requires` names the claims that must PASS for this one's PASS to count.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -47,6 +47,9 @@ class Claim(BaseModel):
     value: float
     kind: Kind = "evidence"
     why: str = Field(default="", description="design: what fixes the value; cluster: why it cannot pass here")
+    requires: list[str] = Field(default_factory=list, description="ids of claims in this file that must PASS for "
+                                "this one's PASS to count: the control that shows it passes for the paper's reason "
+                                "(pb matches sgd *because of* SC and LWP only where pb without them is worse)")
 
     @field_validator("metric")
     @classmethod
@@ -89,4 +92,8 @@ def load_claims(path: str | Path) -> ClaimFile:
         if claim.id in seen:
             raise FileError(f"{path}: claim[{i}].id: {claim.id!r} is also the id of claim[{seen[claim.id]}]")
         seen[claim.id] = i
+    for i, claim in enumerate(claims.claim):
+        for name in claim.requires:
+            if name not in seen or name == claim.id:
+                raise FileError(f"{path}: claim[{i}].requires: {name!r} is not the id of another claim in the file")
     return claims
