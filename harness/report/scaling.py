@@ -18,6 +18,21 @@ if TYPE_CHECKING:
 MEASURES = (("time_to_target_s", "train time to target (s)"), ("final_accuracy", "final test accuracy"))
 
 
+#: The narrowest accuracy axis the plot draws: a spread of a few tenths of a point does not fill the panel.
+ACCURACY_SPAN = 0.05
+
+
+def _at_least(ax, span: float) -> None:
+    """Widen the y-axis around its data to at least `span`, shifted to stay within [0, 1]."""
+    low, high = ax.get_ylim()
+    if high - low >= span:
+        return
+    middle = (low + high) / 2
+    low, high = middle - span / 2, middle + span / 2
+    shift = max(0.0, -low) - max(0.0, high - 1.0)
+    ax.set_ylim(low + shift, high + shift)
+
+
 def scaling_rows(table: pd.DataFrame) -> pd.DataFrame:
     """summary (runs x columns) -> the runs of the (method, workload, network) that ran at more than one world size
     (empty when the suite varies no world size). A suite over several networks draws each network's runs as a
@@ -55,11 +70,13 @@ def plot_scaling(rows: pd.DataFrame, styles: dict[str, Style] | None = None) -> 
                     errors[0].append(0.0 if np.isnan(low) else mean - low)
                     errors[1].append(0.0 if np.isnan(high) else high - mean)
                 if sizes:
-                    name = f"{method} @ {net}" if net else str(method)
-                    ax.errorbar(sizes, means, yerr=errors, marker="o", capsize=3, label=name, color=color)
+                    line = f"{method} @ {net}" if net else str(method)
+                    ax.errorbar(sizes, means, yerr=errors, marker="o", capsize=3, label=line, color=color)
             ax.set_xticks(sorted({int(s) for s in mine["world_size"]}))
             ax.set_xlabel("world size (ranks)")
             ax.set_ylabel(name)
+            if measure == "final_accuracy":
+                _at_least(ax, ACCURACY_SPAN)
             if row == 0:
                 ax.set_title(workload, fontsize="medium")
     legend_outside(fig, list(axes.ravel()))
