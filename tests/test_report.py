@@ -255,7 +255,10 @@ def test_write_report_files_and_self_contained_html(suite: Path) -> None:
     assert "loss became nan at step 15 (lr=0.5 &gt; 0.1 &amp; no warmup)" in page  # escaped
     assert "0.1 & no" not in page
     assert "0.945 [0.94, 0.95] (n=2)" in page  # DDP's final accuracy: mean [bootstrap interval] over 2 seeds
-    assert "95% percentile bootstrap" in page and "±" not in page  # one interval, named once
+    # 2 seeds a label: one kind of interval, named once, and never called a 95% CI; the order is no finding
+    assert "percentile bootstrap over seeds" in page and "±" not in page
+    assert "no confidence interval" in page and "min–max of 2 seeds" in page
+    assert "95% CI" not in page and "95% bootstrap interval" not in page and "Not significant." in page
     assert "Robust comparisons" in page and "Noisy measurements" not in page  # fake runs have no cpu records
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.report import comparisons, figures, hygiene, network, page, pipeline, rankings, tables
+from harness.report import comparisons, figures, hygiene, network, page, pipeline, rankings, stats, tables
 from harness.report import plots as plots_module
 from harness.results import RunResult, load_suite
 
@@ -112,6 +112,7 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     robust.to_csv(out_dir / "comparisons.csv", index=False)
     aggregates = rankings.in_rank_order(tables.aggregate(table, ("completed",) if completed else None), ranked)
     few_seeds = (page.fewest_runs(aggregates) or 0) < page.MIN_SEEDS
+    interval = stats.interval_words(page.fewest_runs(aggregates))
     scores, profile, left_out = None, None, None
     if has_target:
         covered, left_out, _ = comparisons.covering(table)
@@ -119,7 +120,7 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
             scores, profile = comparisons.algoperf(covered)
     plots = plots_module.suite_plots(runs, used, rankings.in_rank_order(table, ranked),
                                      rankings.in_rank_order(used_table, ranked), robust, baseline_label, profile,
-                                     few_seeds)
+                                     few_seeds, interval)
     sections = [comparisons.comparisons_html(robust, scores, baseline_label, few_seeds, left_out)]
     for make in extra_sections:
         extra = make(suite_dir, runs, table, out_dir)
@@ -147,7 +148,7 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
                             [hygiene.noisy_html(table), page.small_sample_html(aggregates),
                              f'<p class="warning"><b>Corrupt records.</b> {html_escape(dropped)}.</p>\n' if dropped
                              else ""],
-                            rankings=rankings.rankings_html(ranked, baseline_label))
+                            rankings=rankings.rankings_html(ranked, baseline_label, interval), interval=interval)
     index = out_dir / "index.html"
     index.write_text(html, encoding="utf-8")
     return index

@@ -98,9 +98,10 @@ def log_axis(ax: Any, axis: str = "x") -> None:
 
 def plot_accuracy(curve_table: pd.DataFrame, x_label: str, target: float | None = None,
                   styles: dict[str, Style] | None = None, y: str = "test_accuracy", y_label: str = "test accuracy",
-                  what: str = "Test accuracy") -> Figure:
+                  what: str = "Test accuracy", interval: str = stats.CI_WORDS) -> Figure:
     """curves (rows x CURVE_COLUMNS [+ workload]) -> one panel per workload, a line per label: the mean of `y`
-    over seeds with 95% CI bands (stats.bootstrap_ci95, as seaborn's errorbar=("ci", 95)).
+    over seeds with 95% CI bands (stats.bootstrap_ci95, as seaborn's errorbar=("ci", 95)); `interval` names them
+    in the title (stats.interval_words: with 2 seeds they are min–max ranges).
 
     Colours and dashes from `styles` (label_styles of the summary), one legend outside the panels. A panel's x
     axis is logarithmic when its labels' curves end more than a decade apart (x = 0 is then off the axis), and
@@ -141,7 +142,7 @@ def plot_accuracy(curve_table: pd.DataFrame, x_label: str, target: float | None 
         ax.set_visible(False)
     legend_outside(fig, axes)
     where = f" on {keys[0]}" if len(keys) == 1 and keys[0] is not None else ""
-    fig.suptitle(f"{what} vs {x_label.split(' (')[0]}{where} (mean over seeds, 95% CI)")
+    fig.suptitle(f"{what} vs {x_label.split(' (')[0]}{where} (mean over seeds, {interval})")
     return fig
 
 def bar_panels(table: pd.DataFrame, value: str, styles: dict[str, Style] | None, width: float = 9.0,
@@ -199,7 +200,7 @@ def panel_title(ax: Any, key: str | None, several: bool, title: str, extra: str 
     ax.set_title(text + (f"\n{extra}" if extra else ""), loc="left", fontsize="medium")
 
 def plot_time_to_target(table: pd.DataFrame, target: float | None = None,
-                        styles: dict[str, Style] | None = None) -> Figure:
+                        styles: dict[str, Style] | None = None, interval: str = stats.CI_WORDS) -> Figure:
     """summary (runs x columns) -> per workload, a horizontal bar per label: mean time to target over the runs that
     reached it, 95% bootstrap CI (a log axis when the means span more than a decade).
 
@@ -207,7 +208,7 @@ def plot_time_to_target(table: pd.DataFrame, target: float | None = None,
     that never did keep an empty row and are named in the title. With no run reaching it the figure says so.
     """
     target_text = f"target accuracy {target:g}" if target is not None else "target accuracy"
-    title = f"Train time to reach the {target_text} (mean, 95% CI)"
+    title = f"Train time to reach the {target_text} (mean, {interval})"
     fig, panels = bar_panels(table, "time_to_target_s", styles)
     for ax, key, labels, reached in panels:
         rows = in_panel(table, key)
@@ -233,14 +234,15 @@ def _human_bytes(value: float) -> str:
         value /= 1000
     raise AssertionError("unreachable")
 
-def plot_bytes_per_sample(table: pd.DataFrame, styles: dict[str, Style] | None = None) -> Figure:
+def plot_bytes_per_sample(table: pd.DataFrame, styles: dict[str, Style] | None = None,
+                          interval: str = stats.CI_WORDS) -> Figure:
     """summary (runs x columns) -> per workload, a horizontal bar per label: bytes sent (all ranks) per training
     sample, mean, 95% bootstrap CI.
 
     The value axis is logarithmic when the labels' positive means span more than 100x. Each bar carries its mean,
     written beyond its error bar.
     """
-    title = "Communication per training sample (mean over seeds, 95% CI)"
+    title = f"Communication per training sample (mean over seeds, {interval})"
     fig, panels = bar_panels(table, "bytes_per_sample", styles, log=False)
     for ax, key, labels, data in panels:
         if data.empty:

@@ -34,7 +34,8 @@ def head_accuracies(runs: Sequence[RunResult]) -> pd.DataFrame:
                       "head_accuracy": float(a)} for c, a in enumerate(heads[-1])]
     return pd.DataFrame(rows, columns=["label", "seed", "run_id", "chunk", "head_accuracy"])
 
-def plot_head_accuracy(heads: pd.DataFrame, styles: dict[str, Style] | None = None) -> Figure:
+def plot_head_accuracy(heads: pd.DataFrame, styles: dict[str, Style] | None = None,
+                       interval: str = stats.CI_WORDS) -> Figure:
     """head_accuracies (rows) -> bars of each chunk's final head accuracy per label (mean over seeds, 95% CI):
     how the representation improves with depth under local losses."""
     import seaborn as sns
@@ -48,7 +49,7 @@ def plot_head_accuracy(heads: pd.DataFrame, styles: dict[str, Style] | None = No
     ax.set_ylim(0.0, 1.0)  # from 0: bar lengths compare as the accuracies do
     ax.set_xlabel("chunk (input side first)")
     ax.set_ylabel("final test accuracy of the chunk's head (axis from 0)")
-    ax.set_title("Per-chunk head accuracy (mean over seeds, 95% CI)")
+    ax.set_title(f"Per-chunk head accuracy (mean over seeds, {interval})")
     for container in ax.containers:
         if hasattr(container, "datavalues"):
             ax.bar_label(container, fmt="%.3f", fontsize="small", label_type="center", color="white")

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from harness.report import stats
 from harness.report.tables import AGGREGATED
 
 _CSS = """
@@ -30,6 +31,21 @@ th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
 INTERVAL_NOTE = ("Every interval on this page is a 95% percentile bootstrap over seeds (2,000 resamples, seed 0): of "
                  "the mean in the tables and plots, stratified by workload for IQM and probability of improvement, "
                  "paired by seed for speed-ups and claims.")
+#: The same, when some label has 2 runs or fewer (interval_note).
+FEW_SEEDS_NOTE = ("Every interval on this page is a percentile bootstrap over seeds (2,000 resamples, seed 0), which "
+                  "with {fewest} is no confidence interval: the tables' and plots' brackets, bands and error bars are "
+                  "{words}, and a speed-up's the range of its seeds' ratios. The order of the rankings is not a "
+                  "finding: another run of the suite may reorder labels whose ranges overlap.")
+
+
+def interval_note(interval: str) -> str:
+    """The page's sentence on what its intervals are: INTERVAL_NOTE, or FEW_SEEDS_NOTE when `interval`
+    (stats.interval_words) says they are ranges."""
+    if interval == stats.CI_WORDS:
+        return INTERVAL_NOTE
+    fewest = "2 runs a label" if interval.startswith("min") else "1 run a label"
+    words = "the range from the smaller to the larger run" if interval.startswith("min") else "absent (1 run)"
+    return FEW_SEEDS_NOTE.format(fewest=fewest, words=words)
 
 
 def number_text(value: float, digits: str = ".4g") -> str:
@@ -76,7 +92,7 @@ def table_html(frame: pd.DataFrame) -> str:
 
 
 #: Fewer runs than this per label and the page says that its intervals are ranges (small_sample_html).
-MIN_SEEDS = 3
+MIN_SEEDS = stats.MIN_INTERVAL_RUNS
 
 
 def fewest_runs(aggregates: pd.DataFrame) -> int | None:
@@ -126,7 +142,8 @@ def failures_html(failed: pd.DataFrame) -> str:
 
 def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.DataFrame,
                 failed: pd.DataFrame, figures: str, scope: str, sections: Sequence[str] = (),
-                baseline: tuple[str, str] | None = None, warnings: Sequence[str] = (), rankings: str = "") -> str:
+                baseline: tuple[str, str] | None = None, warnings: Sequence[str] = (), rankings: str = "",
+                interval: str = stats.CI_WORDS) -> str:
     """What the page shows -> one self-contained HTML page (inline CSS, images as data: URIs, no links).
 
     `figures`: the Plots section's figures as HTML (plots.figures_html).
@@ -134,7 +151,9 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
     `baseline`: (label, how it was chosen), named at the top of the page.
     `warnings`: HTML paragraphs shown right under the title (e.g. hygiene.noisy_html).
     `rankings`: the Rankings section (rankings.rankings_html), placed before every other table.
+    `interval`: what the intervals are (stats.interval_words): every sentence that names them says so.
     """
+    ci = "95% bootstrap interval" if interval == stats.CI_WORDS else interval
     e = html.escape
     failures = failures_html(failed)
     completed = int((table["state"] == "completed").sum())
@@ -149,14 +168,14 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
 <body>
 <h1>dtbench report: {e(suite)}</h1>
 <p class="meta">Generated {e(generated)}. {len(table)} runs, {completed} completed.{baseline_html}</p>
-{"".join(warnings)}<p>{e(INTERVAL_NOTE)}</p>
+{"".join(warnings)}<p>{e(interval_note(interval))}</p>
 {rankings}<section id="per-label">
 <h2>Per label (mean over seeds)</h2>
-<p>One row per workload and label, in the order of the rankings. Each cell is the mean [95% bootstrap interval]; n
+<p>One row per workload and label, in the order of the rankings. Each cell is the mean [{e(ci)}]; n
 counts the runs with a value. {e(scope)}</p>
 {table_html(aggregate_display(aggregates))}</section>
 {"".join(sections)}<h2 id="plots">Plots</h2>
-<p>Bands and error bars are the same 95% bootstrap intervals of the mean over seeds. Each label has its own colour
+<p>Bands and error bars are the same intervals of the mean over seeds ({e(ci)}). Each label has its own colour
 (hues grouped by family: reference, data-parallel, compressed, pipeline, local) and keeps it in every plot; plots
 with several workloads draw one panel per workload. Under each plot: the runs it leaves out, with their state.</p>
 <div class="plots">

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from harness.report import comparisons, figures, local, pipeline, resources, scaling, styles, tables
+from harness.report import comparisons, figures, local, pipeline, resources, scaling, stats, styles, tables
 from harness.results import RunResult
 
 if TYPE_CHECKING:
@@ -49,12 +49,13 @@ def left_out(table: pd.DataFrame, used_table: pd.DataFrame, value: str | None = 
 
 def suite_plots(runs: list[RunResult], used: list[RunResult], table: pd.DataFrame, used_table: pd.DataFrame,
                 robust: pd.DataFrame, baseline: str, profile: pd.DataFrame | None,
-                few_seeds: bool = False) -> list[Plot]:
+                few_seeds: bool = False, interval: str = stats.CI_WORDS) -> list[Plot]:
     """The figures of a suite's report, in page order. `runs`/`table`: every run; `used`/`used_table`: those the
     aggregates use (the completed runs, or all when none completed); `robust`: comparisons.robust_table;
     `profile`: comparisons.algoperf's performance profile, or None (no score); `few_seeds`: leave out the probability
-    of improvement, which says nothing with fewer than 3 runs a label (page.small_sample_html). Legends and bars
-    follow the order of used_table (the rankings')."""
+    of improvement, which says nothing with fewer than 3 runs a label (page.small_sample_html); `interval`: what
+    the titles call the intervals (stats.interval_words). Legends and bars follow the order of used_table (the
+    rankings')."""
     target = tables.common_target(runs)
     look = styles.label_styles(table.sort_index())  # in load order: a label keeps its colour whatever its rank
     place = {run_id: position for position, run_id in enumerate(used_table["run_id"])}
@@ -63,22 +64,22 @@ def suite_plots(runs: list[RunResult], used: list[RunResult], table: pd.DataFram
     accuracy_time = tables.curves(used, "train_time_s")
     plots = [
         Plot("accuracy_vs_time.png", figures.plot_accuracy(accuracy_time, tables.X_AXES["train_time_s"], target,
-                                                           look), missing),
+                                                           look, interval=interval), missing),
         Plot("accuracy_vs_epoch.png", figures.plot_accuracy(tables.curves(used, "epoch"), tables.X_AXES["epoch"],
-                                                            target, look), missing),
+                                                            target, look, interval=interval), missing),
     ]
     loss = tables.curves(used, "train_time_s", y="loss")
     if not loss.empty:
         plots.append(Plot("loss_vs_time.png", figures.plot_accuracy(
             loss, tables.X_AXES["train_time_s"], None, look, y="loss", y_label="training loss (last stage)",
-            what="Training loss"), missing))
+            what="Training loss", interval=interval), missing))
     reached = "never reached the target" + (f" {target:g}" if target is not None else "")
     plots += [
-        Plot("time_to_target.png", figures.plot_time_to_target(used_table, target, look),
+        Plot("time_to_target.png", figures.plot_time_to_target(used_table, target, look, interval),
              left_out(table, used_table, "time_to_target_s", reached)),
-        Plot("bytes_per_sample.png", figures.plot_bytes_per_sample(used_table, look),
+        Plot("bytes_per_sample.png", figures.plot_bytes_per_sample(used_table, look, interval),
              left_out(table, used_table, "bytes_per_sample", "no bytes or samples recorded")),
-        Plot("throughput.png", resources.plot_throughput(used_table, look),
+        Plot("throughput.png", resources.plot_throughput(used_table, look, interval),
              left_out(table, used_table, "samples_per_s", "no samples or train time recorded")),
     ]
     memory = resources.rank_memory(used)
@@ -91,10 +92,10 @@ def suite_plots(runs: list[RunResult], used: list[RunResult], table: pd.DataFram
                       .any() else ". ") + left_out(table, used_table)).strip()
         if len(without):
             caption = (caption + " " if caption else "") + f"No memory records: {', '.join(without['run_id'])}."
-        plots.append(Plot("peak_memory.png", resources.plot_peak_memory(memory), caption))
+        plots.append(Plot("peak_memory.png", resources.plot_peak_memory(memory, interval), caption))
     varied = scaling.scaling_rows(used_table)
     if not varied.empty:
-        plots.append(Plot("scaling.png", scaling.plot_scaling(varied, look),
+        plots.append(Plot("scaling.png", scaling.plot_scaling(varied, look, interval),
                           " ".join(part for part in (scaling.scaling_caption(varied), missing) if part)))
     improvement = comparisons.improvement_long(robust)
     if not improvement.empty and not few_seeds:
@@ -105,7 +106,7 @@ def suite_plots(runs: list[RunResult], used: list[RunResult], table: pd.DataFram
                 label=comparisons.with_keys(used_table)["method_label"])))))
     heads = local.head_accuracies(used)
     if not heads.empty:
-        plots.append(Plot("head_accuracy.png", local.plot_head_accuracy(heads, look), missing))
+        plots.append(Plot("head_accuracy.png", local.plot_head_accuracy(heads, look, interval), missing))
     plots += [Plot(name, fig) for name, fig in pipeline.gantt_figures(used).items()]
     return plots
 

@@ -263,8 +263,9 @@ def _time_text(row: pd.Series) -> str:
     return time if row["reached"] == row["completed"] else f"{time} ({row['reached']} of {row['completed']})"
 
 
-def rankings_html(ranked: pd.DataFrame, baseline: str) -> str:
-    """The 'Rankings' section: per workload and network, the verdict sentence and the ranked labels."""
+def rankings_html(ranked: pd.DataFrame, baseline: str, interval: str = stats.CI_WORDS) -> str:
+    """The 'Rankings' section: per workload and network, the verdict sentence and the ranked labels; with fewer than
+    3 runs a label (`interval`, stats.interval_words, is not a CI), a sentence that the order is not significant."""
     e = html.escape
     parts = ['<section id="rankings">\n<h2>Rankings</h2>\n',
              f"<p>Per workload and network, the labels ordered by time to target (the mean over the completed runs "
@@ -275,6 +276,10 @@ def rankings_html(ranked: pd.DataFrame, baseline: str) -> str:
              f"missed run's train time gives, when that bound says which is faster. A workload whose runs set no "
              f"target accuracy (or different ones) ranks by "
              f"final accuracy, with no time to target and no speed-up.</p>\n"]
+    if interval != stats.CI_WORDS:
+        parts.append(f'<p class="warning"><b>Not significant.</b> Some labels have fewer than '
+                     f"{stats.MIN_INTERVAL_RUNS} runs ({e(interval)}): the order below is what these runs gave, not "
+                     f"a finding, and labels whose ranges overlap may swap places in another run of the suite.</p>\n")
     for _, stratum in ranked.groupby(["workload", "network"], sort=False):
         target = stratum_target(stratum)
         shown = pd.DataFrame({

@@ -19,11 +19,12 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-def plot_throughput(table: pd.DataFrame, styles: dict[str, Style] | None = None) -> Figure:
+def plot_throughput(table: pd.DataFrame, styles: dict[str, Style] | None = None,
+                    interval: str = stats.CI_WORDS) -> Figure:
     """summary (runs x columns) -> per workload, a horizontal bar per label: training samples per second of train
     time (samples_per_s: every rank's samples together), mean over seeds with its 95% bootstrap interval, the value
     written beyond the interval."""
-    title = "Training throughput (samples per second of train time, mean over seeds, 95% CI)"
+    title = f"Training throughput (samples per second of train time, mean over seeds, {interval})"
     fig, panels = bar_panels(table, "samples_per_s", styles, log=False)  # bar lengths compare as throughputs do
     for ax, key, labels, data in panels:
         if data.empty:
@@ -53,7 +54,7 @@ def rank_memory(runs: Sequence[RunResult]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["run_id", "label", "workload", "seed", "rank", "peak_rss_bytes"])
 
 
-def plot_peak_memory(memory: pd.DataFrame) -> Figure:
+def plot_peak_memory(memory: pd.DataFrame, interval: str = stats.CI_WORDS) -> Figure:
     """rank_memory rows -> per workload, a group of bars per label, one bar per rank: its peak resident memory
     (MB, mean over seeds, 95% CI). A rank's RSS counts the Python interpreter, torch and the data, not only the
     model: the differences between ranks and labels are what the plot is for."""
@@ -78,5 +79,5 @@ def plot_peak_memory(memory: pd.DataFrame) -> Figure:
         ax.legend(title=None, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         if len(keys) > 1:
             ax.set_title(key, loc="left", fontsize="medium")
-    fig.suptitle("Peak resident memory of each rank (mean over seeds, 95% CI)")
+    fig.suptitle(f"Peak resident memory of each rank (mean over seeds, {interval})")
     return fig

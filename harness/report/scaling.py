@@ -42,7 +42,8 @@ def scaling_rows(table: pd.DataFrame) -> pd.DataFrame:
     return table[sizes > 1]
 
 
-def plot_scaling(rows: pd.DataFrame, styles: dict[str, Style] | None = None) -> Figure:
+def plot_scaling(rows: pd.DataFrame, styles: dict[str, Style] | None = None,
+                 interval: str = stats.CI_WORDS) -> Figure:
     """scaling_rows -> a column per workload, a row per MEASURES: a line per method through its world sizes (the
     mean over the runs at each size, with the 95% bootstrap interval as error bars). Time to target averages the
     runs that reached it. A method's colour is that of its first label."""
@@ -80,7 +81,7 @@ def plot_scaling(rows: pd.DataFrame, styles: dict[str, Style] | None = None) -> 
             if row == 0:
                 ax.set_title(workload, fontsize="medium")
     legend_outside(fig, list(axes.ravel()))
-    fig.suptitle("Against world size (mean over seeds, 95% CI)")
+    fig.suptitle(f"Against world size (mean over seeds, {interval})")
     return fig
 
 

@@ -136,6 +136,20 @@ def probability_of_improvement(method: Sequence[Values], baseline: Sequence[Valu
     return (point, *percentile_interval(samples, level))
 
 
+#: What the report calls an interval when every label has at least MIN_INTERVAL_RUNS runs.
+CI_WORDS = "95% CI"
+#: Fewer runs than this per label and the bootstrap interval is no confidence interval (interval_words).
+MIN_INTERVAL_RUNS = 3
+
+
+def interval_words(fewest: int | None) -> str:
+    """What the report's intervals are, given the fewest runs a label has (None: unknown): '95% CI' from 3 runs,
+    'min–max of 2 seeds' with 2 (a bootstrap of 2 values resamples only them), 'no interval: 1 seed' with 1."""
+    if fewest is None or fewest >= MIN_INTERVAL_RUNS:
+        return CI_WORDS
+    return "min–max of 2 seeds" if fewest == 2 else "no interval: 1 seed"
+
+
 def paired_bootstrap(method: Values, baseline: Values, kind: str, n_boot: int = N_BOOT, seed: int = 0,
                      level: float = LEVEL) -> tuple[float, float, float]:
     """method, baseline: 1-D (pairs: the same seed and task on both sides) -> (estimate, low, high).
