@@ -175,3 +175,21 @@ def test_a_report_over_two_workloads_has_a_performance_profile(tmp_path) -> None
     assert "AlgoPerf score" in page and "over 6 problems" in page
     frame = pd.read_csv(index.parent / "comparisons.csv")
     assert np.isclose(frame.set_index("label").loc["dgc x2", "poi_time_to_target_s"], 0.5)
+
+
+def test_the_robust_table_names_each_labels_workload_and_the_algoperf_note_does_not_list_every_label() -> None:
+    from harness.report.comparisons import comparisons_html, covering, robust_table
+
+    rows = [{"label": label, "method": label.split()[0], "workload": workload, "network": "", "seed": seed,
+             "state": "completed", "time_to_target_s": 1.0 + seed, "final_accuracy": 0.9}
+            for workload, labels in (("digits-mlp", ("sgd x1", "ddp x2")), ("shakespeare-gpt", ("sgd lm", "ddp lm")))
+            for label in labels for seed in range(3)]
+    table = pd.DataFrame(rows)
+    robust = robust_table(table, "ddp x2")
+    assert dict(zip(robust["label"], robust["workload"], strict=True)) == {
+        "sgd x1": "digits-mlp", "ddp x2": "digits-mlp", "sgd lm": "shakespeare-gpt", "ddp lm": "shakespeare-gpt"}
+    _, left_out, _ = covering(table)
+    page = comparisons_html(robust, None, "ddp x2", left_out=left_out)
+    assert "<th>workload</th>" in page
+    assert "Each of the 4 labels ran on only some of the 2 workloads&#x27; problems." in page
+    assert "Left out" not in page

@@ -51,7 +51,8 @@ def robust_table(table: pd.DataFrame, baseline: str, has_target: bool = True) ->
     rows = []
     for label, group in data.groupby("label", sort=False):
         mine = group["method_label"].iloc[0]
-        row: dict[str, Any] = {"label": label, "method_label": mine, "runs": len(group)}
+        row: dict[str, Any] = {"label": label, "method_label": mine, "runs": len(group),
+                               "workload": ", ".join(str(w) for w in pd.unique(group["workload"]))}
         for metric, (_, higher) in METRICS.items():
             if metric == "time_to_target_s" and not has_target:
                 row.update({f"{k}_{metric}{s}": math.nan for k in ("iqm", "poi") for s in ("", "_low", "_high")})
@@ -138,7 +139,7 @@ def comparisons_html(robust: pd.DataFrame, scores: pd.DataFrame | None, baseline
     (with a target) the AlgoPerf scores, over the labels that ran every problem (`left_out`: the others, named on
     the page; None: no score for want of a target). `few_seeds` (some label has fewer than 3 runs) leaves out the
     probability of improvement and MLPerf columns, which say nothing then (page.small_sample_html says why)."""
-    shown = pd.DataFrame({"label": robust["label"], "runs": robust["runs"]})
+    shown = pd.DataFrame({"workload": robust["workload"], "label": robust["label"], "runs": robust["runs"]})
     for metric, (name, _) in METRICS.items():
         shown[f"IQM {name}"] = [interval_text(r[f"iqm_{metric}"], r[f"iqm_{metric}_low"], r[f"iqm_{metric}_high"])
                                 for _, r in robust.iterrows()]
@@ -158,7 +159,12 @@ def comparisons_html(robust: pd.DataFrame, scores: pd.DataFrame | None, baseline
         f"olympic mean over seeds (the fastest and the slowest run dropped; at least 3 runs, at most one miss).</p>\n",
         table_html(shown),
     ]
-    skipped = (f" Left out, for not running every problem: {', '.join(left_out)}." if left_out else "")
+    skipped = ""
+    workloads = robust["workload"].str.split(", ").explode().nunique()
+    if left_out and (workloads == 1 or (scores is not None and len(scores) > 1)):
+        skipped = f" Left out, for not running every problem: {', '.join(left_out)}."
+    elif left_out:  # labels each ran on some workloads only: the reason says more than a list of every label
+        skipped = f" Each of the {len(left_out)} labels ran on only some of the {workloads} workloads' problems."
     if scores is not None and len(scores) > 1:
         shown_scores = scores.assign(score=[f"{v:.3f}" for v in scores["score"]])
         parts += [f"<p>AlgoPerf score (Dahl et al. 2023): the area under each label's performance profile from 1 to "
