@@ -39,3 +39,10 @@ def test_rankings_with_few_seeds_say_the_order_is_not_significant() -> None:
                             "final_loss": float("nan"), "speedup_bound": float("nan"), "speedup_bound_side": ""}])
     assert "Not significant." not in rankings.rankings_html(ranked, "a")
     assert "Not significant." in rankings.rankings_html(ranked, "a", stats.interval_words(2))
+
+
+def test_numbers_are_written_one_way() -> None:
+    assert page.number_text(15936.2) == "15,936" and page.number_text(0.91234) == "0.9123"
+    assert page.number_text(float("nan")) == "–" and page.number_text(12.3456) == "12.35"
+    html = page.table_html(pd.DataFrame({"bytes": [15936.2, 812.5]}))
+    assert "15,936" in html and "e+04" not in html and "812.5" in html

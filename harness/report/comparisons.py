@@ -161,9 +161,9 @@ def comparisons_html(robust: pd.DataFrame, scores: pd.DataFrame | None, baseline
     ]
     skipped = ""
     workloads = robust["workload"].str.split(", ").explode().nunique()
-    if left_out and (workloads == 1 or (scores is not None and len(scores) > 1)):
+    if left_out and (workloads == 1 or len(left_out) < len(robust)):
         skipped = f" Left out, for not running every problem: {', '.join(left_out)}."
-    elif left_out:  # labels each ran on some workloads only: the reason says more than a list of every label
+    elif left_out:  # every label ran on some workloads only: the reason says more than a list of every label
         skipped = f" Each of the {len(left_out)} labels ran on only some of the {workloads} workloads' problems."
     if scores is not None and len(scores) > 1:
         shown_scores = scores.assign(score=[f"{v:.3f}" for v in scores["score"]])

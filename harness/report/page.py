@@ -48,14 +48,19 @@ def interval_note(interval: str) -> str:
     return FEW_SEEDS_NOTE.format(fewest=fewest, words=words)
 
 
-def number_text(value: float, digits: str = ".4g") -> str:
-    """A number as the page shows it: '–' when NaN, '∞' for +inf."""
+def number_text(value: float, digits: str | None = None) -> str:
+    """A number as the page shows it, one way everywhere: 4 significant digits, and from 10,000 up whole with
+    thousands separators ('15,936', never '1.594e+04'); `digits` forces a format. '–' when NaN, '∞' for +inf."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    return "∞" if value == math.inf else format(value, digits)
+    if value == math.inf:
+        return "∞"
+    if digits is None:
+        digits = ",.0f" if abs(value) >= 1e4 else ".4g"
+    return format(value, digits)
 
 
-def interval_text(value: float, low: float, high: float, n: int | None = None, digits: str = ".4g") -> str:
+def interval_text(value: float, low: float, high: float, n: int | None = None, digits: str | None = None) -> str:
     """(0.91234, 0.90, 0.93, 2) -> '0.9123 [0.9, 0.93] (n=2)'; '–' when there is no value; no interval when NaN."""
     if (n is not None and n == 0) or value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
@@ -88,7 +93,7 @@ def table_html(frame: pd.DataFrame) -> str:
     """A DataFrame as an HTML table with every cell and header escaped, in a box that scrolls sideways when the
     table is wider than the page (the page itself never does)."""
     return '<div class="scroll">' + frame.to_html(index=False, escape=True, na_rep="", border=0,
-                                                  float_format=lambda value: format(value, ".4g")) + "</div>\n"
+                                                  float_format=number_text) + "</div>\n"
 
 
 #: Fewer runs than this per label and the page says that its intervals are ranges (small_sample_html).
