@@ -98,7 +98,8 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     targets = {str(workload): tables.common_target_of([run for run in runs
                                                         if str(run.spec.get("workload")) == workload])
                for workload in {str(w) for w in table["workload"]}}
-    ranked = rankings.rankings(table, baseline_label, targets)
+    readings = tables.readings(runs)
+    ranked = rankings.rankings(table, baseline_label, targets, readings)
     ranked.to_csv(out_dir / "rankings.csv", index=False)
     table = pd.concat([table, rankings.run_speedups(table, ranked, baseline_label)], axis=1)
     table.to_csv(out_dir / "summary.csv", index=False)
@@ -148,7 +149,8 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
                             [hygiene.noisy_html(table), page.small_sample_html(aggregates),
                              f'<p class="warning"><b>Corrupt records.</b> {html_escape(dropped)}.</p>\n' if dropped
                              else ""],
-                            rankings=rankings.rankings_html(ranked, baseline_label, interval), interval=interval)
+                            rankings=rankings.rankings_html(ranked, baseline_label, interval), interval=interval,
+                            readings=readings)
     index = out_dir / "index.html"
     index.write_text(html, encoding="utf-8")
     return index

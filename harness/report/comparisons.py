@@ -45,7 +45,8 @@ def robust_table(table: pd.DataFrame, baseline: str, has_target: bool = True) ->
     itself), and mlperf_time_to_target_s (the olympic mean over seeds when the label's runs share one stratum).
 
     A missed target counts as an infinite time: it ranks slowest in the probability of improvement, and an IQM or
-    interval end that it reaches is NaN (censored: not a number). Without a target (`has_target` False) the time columns are NaN.
+    interval end that it reaches is NaN (censored: not a number). Without a target (`has_target` False) the time
+    columns are NaN.
     """
     data = with_keys(table)
     rows = []
@@ -155,7 +156,8 @@ def comparisons_html(robust: pd.DataFrame, scores: pd.DataFrame | None, baseline
         f"<p>IQM: the mean of the middle 50% of the runs (rliable), with its stratified bootstrap interval (runs "
         f"resampled within each workload and network). P(better than baseline): the probability that a run of the "
         f"label beats a run of the baseline <b>{e(baseline)}</b> on the same workload and network (Mann–Whitney U / "
-        f"(n·m), ties one half); 0.5 is a draw. A missed target counts as an infinite time. MLPerf time to target: the "
+        f"(n·m), ties one half); 0.5 is a draw. A missed target counts as slower than any time reached. MLPerf time "
+        f"to target: the "
         f"olympic mean over seeds (the fastest and the slowest run dropped; at least 3 runs, at most one miss).</p>\n",
         table_html(shown),
     ]

@@ -132,7 +132,7 @@ def plot_accuracy(curve_table: pd.DataFrame, x_label: str, target: float | None 
             values = panel[y][panel[y] > 0]
             if y != "test_accuracy" and len(values) and values.max() / values.min() > 100:
                 log_axis(ax, "y")  # a loss that blew up would flatten every other curve
-            if target is not None and y == "test_accuracy":
+            if target is not None and y in ("test_accuracy", "test_loss"):
                 ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
         ax.set_xlabel(x_label + (", log scale" if ax.get_xscale() == "log" else ""))
         ax.set_ylabel(y_label + (", log scale" if ax.get_yscale() == "log" else ""))
@@ -200,14 +200,23 @@ def panel_title(ax: Any, key: str | None, several: bool, title: str, extra: str 
     ax.set_title(text + (f"\n{extra}" if extra else ""), loc="left", fontsize="medium")
 
 def plot_time_to_target(table: pd.DataFrame, target: float | None = None,
-                        styles: dict[str, Style] | None = None, interval: str = stats.CI_WORDS) -> Figure:
+                        styles: dict[str, Style] | None = None, interval: str = stats.CI_WORDS,
+                        targets: dict[str, str] | None = None) -> Figure:
     """summary (runs x columns) -> per workload, a horizontal bar per label: mean time to target over the runs that
     reached it, 95% bootstrap CI (a log axis when the means span more than a decade).
 
     Tick labels (one per row, so they never overlap) say how many of each label's runs reached the target; labels
     that never did keep an empty row and are named in the title. With no run reaching it the figure says so.
+    `targets`: {workload: 'target loss 2.9'}, what each panel's target is (a language model's is a held-out loss);
+    without it, every panel's is the accuracy `target`.
     """
-    target_text = f"target accuracy {target:g}" if target is not None else "target accuracy"
+    kinds = set((targets or {}).values())
+    if len(kinds) == 1:
+        target_text = kinds.pop()
+    elif kinds:
+        target_text = "target (each workload's own)"
+    else:
+        target_text = f"target accuracy {target:g}" if target is not None else "target accuracy"
     title = f"Train time to reach the {target_text} (mean, {interval})"
     fig, panels = bar_panels(table, "time_to_target_s", styles)
     for ax, key, labels, reached in panels:
@@ -220,6 +229,8 @@ def plot_time_to_target(table: pd.DataFrame, target: float | None = None,
             ax.set_yticks(range(len(labels)), counts)
         ax.set_xlabel("train time to target (s)" + (", log scale" if ax.get_xscale() == "log" else ""))
         never = [label for label in labels if label not in set(reached["label"].astype(str))]
+        if key is not None and targets and key in targets and len(panels) > 1:
+            key = f"{key}: {targets[key]}"
         panel_title(ax, key, len(panels) > 1, title,
                     "never reached by: " + ", ".join(never) if never and not reached.empty else "")
     if len(panels) > 1:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from harness.report import stats
-from harness.report.tables import AGGREGATED
+from harness.report.tables import AGGREGATED, SHOWN
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1400px; }
@@ -77,17 +77,35 @@ def reached_text(row: pd.Series) -> str:
     return f"{row['time_to_target_s_n']}/{row['used']}"
 
 
-def aggregate_display(aggregates: pd.DataFrame) -> pd.DataFrame:
-    """aggregate (labels x columns) -> the same as text: 'mean [95% bootstrap CI] (n=…)' per metric."""
+def aggregate_display(aggregates: pd.DataFrame, reading: str = "accuracy") -> pd.DataFrame:
+    """aggregate (labels x columns) -> the same as text: 'mean [95% bootstrap CI] (n=…)' per metric that a
+    workload read by `reading` shows (tables.SHOWN: a language model's held-out loss and perplexity lead, and it
+    has no accuracy column)."""
     shown = pd.DataFrame({"workload": aggregates["workload"], "label": aggregates["label"],
                           "runs": aggregates["runs"], "completed": aggregates["completed"]})
-    for metric, name in AGGREGATED.items():
+    for metric in SHOWN[reading]:
+        name = AGGREGATED[metric]
         shown[name] = [interval_text(row[f"{metric}_mean"], row[f"{metric}_ci_low"], row[f"{metric}_ci_high"],
                                      row[f"{metric}_n"]) for _, row in aggregates.iterrows()]
     shown["reached target"] = [reached_text(row) for _, row in aggregates.iterrows()]
     if "noisy" in aggregates.columns and aggregates["noisy"].sum() > 0:
         shown["noisy runs"] = aggregates["noisy"]
     return shown
+
+def per_label_tables(aggregates: pd.DataFrame, readings: dict[str, str]) -> str:
+    """The per-label table: one for the workloads read by accuracy and one for those read by held-out loss (each
+    under a heading when the suite has both), so no language model shows an accuracy column."""
+    kinds = aggregates["workload"].astype(str).map(readings).fillna("accuracy")
+    parts = []
+    for reading, heading in (("accuracy", "Read by accuracy"), ("loss", "Read by held-out loss (language models)")):
+        rows = aggregates[kinds == reading]
+        if rows.empty:
+            continue
+        if kinds.nunique() > 1:
+            parts.append(f"<h3>{html.escape(heading)}</h3>\n")
+        parts.append(table_html(aggregate_display(rows, reading)))
+    return "".join(parts)
+
 
 def table_html(frame: pd.DataFrame) -> str:
     """A DataFrame as an HTML table with every cell and header escaped, in a box that scrolls sideways when the
@@ -148,7 +166,7 @@ def failures_html(failed: pd.DataFrame) -> str:
 def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.DataFrame,
                 failed: pd.DataFrame, figures: str, scope: str, sections: Sequence[str] = (),
                 baseline: tuple[str, str] | None = None, warnings: Sequence[str] = (), rankings: str = "",
-                interval: str = stats.CI_WORDS) -> str:
+                interval: str = stats.CI_WORDS, readings: dict[str, str] | None = None) -> str:
     """What the page shows -> one self-contained HTML page (inline CSS, images as data: URIs, no links).
 
     `figures`: the Plots section's figures as HTML (plots.figures_html).
@@ -157,6 +175,7 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
     `warnings`: HTML paragraphs shown right under the title (e.g. hygiene.noisy_html).
     `rankings`: the Rankings section (rankings.rankings_html), placed before every other table.
     `interval`: what the intervals are (stats.interval_words): every sentence that names them says so.
+    `readings`: {workload: 'accuracy' | 'loss'} (tables.readings): the per-label table has one part per reading.
     """
     ci = "95% bootstrap interval" if interval == stats.CI_WORDS else interval
     e = html.escape
@@ -178,7 +197,7 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
 <h2>Per label (mean over seeds)</h2>
 <p>One row per workload and label, in the order of the rankings. Each cell is the mean [{e(ci)}]; n
 counts the runs with a value. {e(scope)}</p>
-{table_html(aggregate_display(aggregates))}</section>
+{per_label_tables(aggregates, readings or {})}</section>
 {"".join(sections)}<h2 id="plots">Plots</h2>
 <p>Bands and error bars are the same intervals of the mean over seeds ({e(ci)}). Each label has its own colour
 (hues grouped by family: reference, data-parallel, compressed, pipeline, local) and keeps it in every plot; plots

@@ -47,6 +47,19 @@ def left_out(table: pd.DataFrame, used_table: pd.DataFrame, value: str | None = 
     return "Not shown: " + "; ".join(parts) + "." if parts else ""
 
 
+def _target_texts(runs: list[RunResult]) -> dict[str, str]:
+    """{workload: 'target accuracy 0.95' or 'target loss 2.9'} for the workloads whose runs share a target."""
+    by_workload: dict[str, list[RunResult]] = {}
+    for run in runs:
+        by_workload.setdefault(str(run.spec.get("workload")), []).append(run)
+    texts = {}
+    for workload, members in by_workload.items():
+        common = tables.common_target_of(members)
+        if common is not None:
+            texts[workload] = f"target {common[0]} {common[1]:g}"
+    return texts
+
+
 def suite_plots(runs: list[RunResult], used: list[RunResult], table: pd.DataFrame, used_table: pd.DataFrame,
                 robust: pd.DataFrame, baseline: str, profile: pd.DataFrame | None,
                 few_seeds: bool = False, interval: str = stats.CI_WORDS) -> list[Plot]:
@@ -61,13 +74,26 @@ def suite_plots(runs: list[RunResult], used: list[RunResult], table: pd.DataFram
     place = {run_id: position for position, run_id in enumerate(used_table["run_id"])}
     used = sorted(used, key=lambda run: place.get(run.spec.get("run_id") or run.run_dir.name, len(place)))
     missing = left_out(table, used_table)
-    accuracy_time = tables.curves(used, "train_time_s")
-    plots = [
-        Plot("accuracy_vs_time.png", figures.plot_accuracy(accuracy_time, tables.X_AXES["train_time_s"], target,
-                                                           look, interval=interval), missing),
-        Plot("accuracy_vs_epoch.png", figures.plot_accuracy(tables.curves(used, "epoch"), tables.X_AXES["epoch"],
-                                                            target, look, interval=interval), missing),
-    ]
+    readings = tables.readings(runs)
+    by_accuracy = [run for run in used if readings.get(str(run.spec.get("workload"))) != "loss"]
+    by_loss = [run for run in used if readings.get(str(run.spec.get("workload"))) == "loss"]
+    plots = []
+    if by_accuracy:  # a language model's panel would be next-token accuracy over a sliver of an epoch: left out
+        plots += [
+            Plot("accuracy_vs_time.png", figures.plot_accuracy(tables.curves(by_accuracy, "train_time_s"),
+                                                               tables.X_AXES["train_time_s"], target, look,
+                                                               interval=interval), missing),
+            Plot("accuracy_vs_epoch.png", figures.plot_accuracy(tables.curves(by_accuracy, "epoch"),
+                                                                tables.X_AXES["epoch"], target, look,
+                                                                interval=interval), missing),
+        ]
+    if by_loss:  # read by held-out loss: against train time and against the tokens trained on
+        common = tables.common_target_of(by_loss)
+        loss_target = common[1] if common and common[0] == "loss" else None
+        for x, name in (("train_time_s", "heldout_loss_vs_time.png"), ("tokens", "heldout_loss_vs_tokens.png")):
+            plots.append(Plot(name, figures.plot_accuracy(
+                tables.curves(by_loss, x, y="test_loss"), tables.X_AXES[x], loss_target, look, y="test_loss",
+                y_label="held-out loss (nats per token)", what="Held-out loss", interval=interval), missing))
     loss = tables.curves(used, "train_time_s", y="loss")
     if not loss.empty:
         plots.append(Plot("loss_vs_time.png", figures.plot_accuracy(
@@ -75,11 +101,13 @@ def suite_plots(runs: list[RunResult], used: list[RunResult], table: pd.DataFram
             what="Training loss", interval=interval), missing))
     reached = "never reached the target" + (f" {target:g}" if target is not None else "")
     plots += [
-        Plot("time_to_target.png", figures.plot_time_to_target(used_table, target, look, interval),
+        Plot("time_to_target.png", figures.plot_time_to_target(used_table, target, look, interval,
+                                                               _target_texts(runs)),
              left_out(table, used_table, "time_to_target_s", reached)),
         Plot("bytes_per_sample.png", figures.plot_bytes_per_sample(used_table, look, interval),
              left_out(table, used_table, "bytes_per_sample", "no bytes or samples recorded")),
-        Plot("throughput.png", resources.plot_throughput(used_table, look, interval),
+        Plot("throughput.png", resources.plot_throughput(used_table, look, interval,
+                                                         {w for w, r in readings.items() if r == "loss"}),
              left_out(table, used_table, "samples_per_s", "no samples or train time recorded")),
     ]
     memory = resources.rank_memory(used)

@@ -20,7 +20,7 @@ RANKING_COLUMNS = (
     "workload", "network", "target_accuracy", "rank", "label", "method_label", "runs", "completed", "reached",
     "time_to_target_s", "speedup_vs_baseline", "speedup_ci_low", "speedup_ci_high", "speedup_pairs",
     "final_accuracy", "bytes_per_sample", "states", "target_loss", "final_loss", "speedup_bound",
-    "speedup_bound_side",
+    "speedup_bound_side", "reading", "perplexity", "bytes_per_token", "tokens_per_s",
 )  # fmt: skip
 #: The per-run columns summary.csv gains (docs/results.md).
 SPEEDUP_COLUMNS = ("speedup_vs_baseline", "speedup_ci_low", "speedup_ci_high")
@@ -85,7 +85,7 @@ def _order(row: dict[str, Any]) -> tuple:
         return (0, row["time_to_target_s"], 0.0)
     if timed and row["reached"] > 0:
         return (1, -row["reached"] / row["completed"], row["time_to_target_s"])
-    if not math.isnan(row["target_loss"]):  # a language model: by held-out loss, lower is better
+    if not math.isnan(row["target_loss"]) or row.get("reading") == "loss":  # by held-out loss, lower is better
         loss = row["final_loss"]
         return (2, loss if math.isfinite(loss) else math.inf, 0.0)
     accuracy = row["final_accuracy"]
@@ -93,7 +93,8 @@ def _order(row: dict[str, Any]) -> tuple:
 
 
 def rankings(table: pd.DataFrame, baseline: str,
-             targets: Mapping[str, float | tuple[str, float] | None] | float | None) -> pd.DataFrame:
+             targets: Mapping[str, float | tuple[str, float] | None] | float | None,
+             readings: Mapping[str, str] | None = None) -> pd.DataFrame:
     """summary (every run) -> RANKING_COLUMNS, one row per (workload, network, label), ranked within each stratum.
 
     Statistics use the completed runs: reached counts those that reached the target; time_to_target_s is the mean
@@ -102,7 +103,9 @@ def rankings(table: pd.DataFrame, baseline: str,
     `baseline` is a label without its network (choose_baseline). `targets`: each workload's target accuracy (None
     where its runs set none or differ: that stratum ranks by final accuracy), or one target for all, or None; a
     target may be a (kind, value) pair (results.target_of): ("loss", l) is a target_loss, whose stratum ranks
-    labels that never reach it by final loss, lowest first.
+    labels that never reach it by final loss, lowest first. `readings` ({workload: 'accuracy' | 'loss'},
+    tables.readings) says how each workload is read where no target says it: a language model without a target
+    ranks by held-out loss. The row's `reading` column records it.
     """
     data = with_keys(table)
     rows = []
@@ -132,6 +135,10 @@ def rankings(table: pd.DataFrame, baseline: str,
                 "speedup_vs_baseline": ratio, "speedup_ci_low": low, "speedup_ci_high": high, "speedup_pairs": pairs,
                 "final_accuracy": _mean(mine["final_accuracy"]), "bytes_per_sample": _mean(mine["bytes_per_sample"]),
                 "states": not_completed(group), "speedup_bound": bound, "speedup_bound_side": side,
+                "reading": "loss" if kind == "loss" else (readings or {}).get(str(workload), "accuracy"),
+                "perplexity": _mean(mine["perplexity"]) if "perplexity" in mine else math.nan,
+                "bytes_per_token": _mean(mine["bytes_per_token"]) if "bytes_per_token" in mine else math.nan,
+                "tokens_per_s": _mean(mine["tokens_per_s"]) if "tokens_per_s" in mine else math.nan,
             })  # fmt: skip
         ranked.sort(key=_order)
         for position, row in enumerate(ranked, start=1):
@@ -195,6 +202,9 @@ def stratum_target(stratum: pd.DataFrame) -> float | None:
 
 
 def _by_loss(stratum: pd.DataFrame) -> bool:
+    """Is the stratum read by held-out loss (a target loss, or a language model without a target)?"""
+    if "reading" in stratum and stratum["reading"].iloc[0] == "loss":
+        return True
     return "target_loss" in stratum and not math.isnan(float(stratum["target_loss"].iloc[0]))
 
 
@@ -206,6 +216,10 @@ def verdict(stratum: pd.DataFrame, baseline: str) -> str:
     if done.empty:
         return f"On {where}, no run completed."
     if target is None:
+        if _by_loss(stratum):
+            best = done.sort_values("final_loss").iloc[0]
+            return (f"On {where}, {best['label']} ended with the lowest held-out loss: "
+                    f"{number_text(best['final_loss'])}.")
         best = done.sort_values("final_accuracy", ascending=False).iloc[0]
         return f"On {where}, {best['label']} ended most accurate: {number_text(best['final_accuracy'])}."
     reached = done[done["reached"] > 0]
@@ -274,8 +288,9 @@ def rankings_html(ranked: pd.DataFrame, baseline: str, interval: str = stats.CI_
              f"over the label's, paired by seed, with its paired bootstrap interval; given only when both reached the "
              f"target on every shared seed, or, where one side missed it on some seed, the bound (≥ or ≤) that the "
              f"missed run's train time gives, when that bound says which is faster. A workload whose runs set no "
-             f"target accuracy (or different ones) ranks by "
-             f"final accuracy, with no time to target and no speed-up.</p>\n"]
+             f"target (or different ones) ranks by final accuracy (a language model by its held-out loss, lowest "
+             f"first), with no time to target and no speed-up. A language model's table leads with held-out loss "
+             f"and perplexity, and has no accuracy column.</p>\n"]
     if interval != stats.CI_WORDS:
         parts.append(f'<p class="warning"><b>Not significant.</b> Some labels have fewer than '
                      f"{stats.MIN_INTERVAL_RUNS} runs ({e(interval)}): the order below is what these runs gave, not "
@@ -287,9 +302,15 @@ def rankings_html(ranked: pd.DataFrame, baseline: str, interval: str = stats.CI_
             "label": stratum["label"],
             "time to target (s)": [_time_text(row) for _, row in stratum.iterrows()],
             f"speed-up vs {baseline}": [_speedup_text(row, baseline) for _, row in stratum.iterrows()],
-            "final accuracy": [number_text(v) for v in stratum["final_accuracy"]],
-            "bytes / sample": [number_text(v, ",.0f") for v in stratum["bytes_per_sample"]],
         })  # fmt: skip
+        if _by_loss(stratum):  # a language model: held-out loss and perplexity lead; no accuracy column
+            shown["held-out loss"] = [number_text(v) for v in stratum["final_loss"]]
+            shown["perplexity"] = [number_text(v) for v in stratum["perplexity"]]
+            shown["bytes / token"] = [number_text(v, ",.1f") for v in stratum["bytes_per_token"]]
+            shown["tokens / s"] = [number_text(v, ",.0f") for v in stratum["tokens_per_s"]]
+        else:
+            shown["final accuracy"] = [number_text(v) for v in stratum["final_accuracy"]]
+            shown["bytes / sample"] = [number_text(v, ",.0f") for v in stratum["bytes_per_sample"]]
         if target is None:  # no target: nothing was timed, the order is by final accuracy
             shown = shown.drop(columns=["time to target (s)", f"speed-up vs {baseline}"])
         where = _where(stratum["workload"].iloc[0], stratum["network"].iloc[0])

@@ -20,18 +20,23 @@ if TYPE_CHECKING:
 
 
 def plot_throughput(table: pd.DataFrame, styles: dict[str, Style] | None = None,
-                    interval: str = stats.CI_WORDS) -> Figure:
+                    interval: str = stats.CI_WORDS, per_token: set[str] | frozenset[str] = frozenset()) -> Figure:
     """summary (runs x columns) -> per workload, a horizontal bar per label: training samples per second of train
-    time (samples_per_s: every rank's samples together), mean over seeds with its 95% bootstrap interval, the value
-    written beyond the interval."""
-    title = f"Training throughput (samples per second of train time, mean over seeds, {interval})"
-    fig, panels = bar_panels(table, "samples_per_s", styles, log=False)  # bar lengths compare as throughputs do
+    time (samples_per_s: every rank's samples together), or tokens per second (tokens_per_s) on the workloads in
+    `per_token` (language models), mean over seeds with its 95% bootstrap interval, the value written beyond it."""
+    unit = "samples or tokens" if per_token else "samples"
+    title = f"Training throughput ({unit} per second of train time, mean over seeds, {interval})"
+    tokens = table["workload"].astype(str).isin(per_token)
+    rates = table.assign(throughput=np.where(tokens, table.get("tokens_per_s", np.nan), table["samples_per_s"]))
+    fig, panels = bar_panels(rates, "throughput", styles, log=False)  # bar lengths compare as throughputs do
     for ax, key, labels, data in panels:
         if data.empty:
             note(ax, "No run recorded samples and train time", bare=True)
         else:
-            label_bars(ax, labels, data, "samples_per_s", lambda mean: f"{mean:,.0f}")
-        ax.set_xlabel("samples / s" + (", log scale" if ax.get_xscale() == "log" else ""))
+            label_bars(ax, labels, data, "throughput", lambda mean: f"{mean:,.0f}")
+        counted = in_panel(rates, key)["workload"].astype(str).isin(per_token) if key is not None else tokens
+        what = "tokens / s" if len(counted) and counted.all() else "samples / s"
+        ax.set_xlabel(what + (", log scale" if ax.get_xscale() == "log" else ""))
         panel_title(ax, key, len(panels) > 1, title)
     if len(panels) > 1:
         fig.suptitle(title)

@@ -22,7 +22,7 @@ EXTRA_COLUMNS = ("label", "family", "steps", "epochs", "network", "samples_per_s
                  "peak_weight_bytes")
 #: Further columns (after EXTRA_COLUMNS): steady-state communication and measurement hygiene (report/hygiene.py).
 MORE_COLUMNS = ("last_epoch_bytes_per_sample", "cpu_share", "other_load", "noisy", "peak_rss_bytes", "final_loss",
-                "perplexity", "bytes_per_token")
+                "perplexity", "bytes_per_token", "tokens_per_s")
 CURVE_COLUMNS = ("label", "seed", "run_id", "x", "test_accuracy")
 #: Summary columns that the per-label aggregate averages over seeds, with their display names.
 AGGREGATED = {
@@ -30,8 +30,16 @@ AGGREGATED = {
     "time_to_target_s": "time to target (s)",
     "train_time_s": "train time (s)",
     "bytes_per_sample": "bytes / sample",
+    "final_loss": "held-out loss",
+    "perplexity": "perplexity",
+    "bytes_per_token": "bytes / token",
+    "tokens_per_s": "tokens / s",
 }
-X_AXES = {"train_time_s": "train time (s)", "epoch": "epoch"}
+#: The AGGREGATED metrics a workload's per-label table shows, by how the workload is read (reading_of).
+SHOWN = {"accuracy": ("final_accuracy", "time_to_target_s", "train_time_s", "bytes_per_sample"),
+         "loss": ("final_loss", "perplexity", "time_to_target_s", "train_time_s", "bytes_per_token", "tokens_per_s")}
+X_AXES = {"train_time_s": "train time (s)", "epoch": "epoch", "step": "step",
+          "tokens": "tokens trained on (samples x context)"}
 #: The record kinds the report reads (docs/results.md); records of other kinds are ignored.
 KNOWN_KINDS = ("train", "eval", "comm", "cpu")
 
@@ -101,13 +109,44 @@ def run_summary(run: RunResult) -> dict[str, Any]:
         "final_loss": last_value(loss),
         "perplexity": math.exp(last_value(loss)) if math.isfinite(last_value(loss)) else math.nan,
         "bytes_per_token": bytes_per_token(spec, total_bytes / samples if samples > 0 else math.nan),
+        "tokens_per_s": tokens_per(spec, samples / train_time if samples > 0 and train_time > 0 else math.nan),
     }
+
+
+def context_of(spec: dict[str, Any]) -> int | None:
+    """A language model's tokens per sample (workload_options.context), None for other workloads."""
+    context = (spec.get("workload_options") or {}).get("context")
+    return context if isinstance(context, int) and not isinstance(context, bool) and context > 0 else None
 
 
 def bytes_per_token(spec: dict[str, Any], per_sample: float) -> float:
     """bytes_per_sample over a language model's tokens per sample (workload_options.context); NaN for others."""
-    context = (spec.get("workload_options") or {}).get("context")
-    return per_sample / context if isinstance(context, int) and context > 0 else math.nan
+    context = context_of(spec)
+    return per_sample / context if context else math.nan
+
+
+def tokens_per(spec: dict[str, Any], per_sample: float) -> float:
+    """A count per sample (samples/s) as a count of tokens (tokens/s) for a language model; NaN for others."""
+    context = context_of(spec)
+    return per_sample * context if context else math.nan
+
+
+def reading_of(runs: Sequence[RunResult]) -> str:
+    """How a workload's runs are read: 'loss' (held-out loss and perplexity lead, no accuracy) when their budget
+    targets a loss, or when they target nothing and are language models (per-token); 'accuracy' otherwise. A
+    workload whose budget targets an accuracy is read by it, whatever else it records."""
+    kinds = {kind for kind, _ in filter(None, (target_of(run.spec) for run in runs))}
+    if kinds:
+        return "loss" if kinds == {"loss"} else "accuracy"
+    return "loss" if runs and all(context_of(run.spec) for run in runs) else "accuracy"
+
+
+def readings(runs: Sequence[RunResult]) -> dict[str, str]:
+    """{workload: reading_of(its runs)}."""
+    by_workload: dict[str, list[RunResult]] = {}
+    for run in runs:
+        by_workload.setdefault(str(run.spec.get("workload")), []).append(run)
+    return {workload: reading_of(members) for workload, members in by_workload.items()}
 
 def peak_bytes(train: pd.DataFrame, column: str) -> float:
     """The largest value over every train record (all ranks) of a per-stage list field such as
@@ -170,6 +209,7 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
     - peak_rss_bytes: the largest peak resident memory of any rank (`cpu` records; empty without the field).
     - final_loss / perplexity: test_loss of the last eval record (per token for a language model) and exp of it.
     - bytes_per_token: bytes_per_sample / workload_options.context (a language model's tokens per window).
+    - tokens_per_s: samples_per_s x workload_options.context (a language model's throughput in tokens).
     A run without metrics still gets a row (NaN metrics, 0 bytes).
     """
     table = pd.DataFrame([run_summary(run) for run in runs],
@@ -229,7 +269,11 @@ def run_series(run: RunResult, x: str, y: str) -> tuple[np.ndarray, np.ndarray]:
         records = lowest_rank(train)
     else:
         records = eval_records(run.metrics)
-    xs, ys = numeric(records, x).to_numpy(), numeric(records, y).to_numpy()
+    if x == "tokens":  # a language model's samples are windows of `context` tokens
+        xs = numeric(records, "samples").to_numpy() * (context_of(run.spec) or math.nan)
+    else:
+        xs = numeric(records, x).to_numpy()
+    ys = numeric(records, y).to_numpy()
     keep = np.isfinite(xs) & np.isfinite(ys)
     order = np.argsort(xs[keep], kind="stable")
     return xs[keep][order], ys[keep][order]
@@ -238,7 +282,8 @@ def curves(runs: Sequence[RunResult], x: str = "train_time_s", grid_points: int 
            y: str = "test_accuracy") -> pd.DataFrame:
     """runs -> DataFrame (runs·grid_points x CURVE_COLUMNS + workload): each run's y on its label's grid.
 
-    y: "test_accuracy" (rank-0 eval records) or "loss" (train records, run_series); the column keeps y's name.
+    y: "test_accuracy" or "test_loss" (rank-0 eval records) or "loss" (train records, run_series); the column keeps
+    y's name. x: a key of X_AXES ("tokens": samples x workload_options.context, for language models).
     Each run's points are interpolated with np.interp onto one grid per (workload, label): grid_points evenly spaced
     values from 0 to the *smallest* final x among that label's runs, so that every seed covers the whole grid and
     seaborn aggregates the same seeds at identical x (longer seeds are cut there). The runner evaluates before the
