@@ -12,6 +12,7 @@ from harness import registry
 from harness.budget import Budget
 from harness.net.spec import NetworkSpec
 from harness.suite.files import FileError, first_error, load_toml
+from harness.suite.groups import PlacedRun, check_baseline, placed_runs
 from harness.suite.spec import MAX_NAME, SAFE_NAME, Allocator, RunSpec, compact, default_threads, make_run_id
 
 #: A seed: numpy's seed range (np.random.seed takes 0 <= seed < 2**32).
@@ -40,13 +41,29 @@ class RunEntry(BaseModel):
     network: NetworkSpec | None = None
 
 
+class GroupEntry(BaseModel):
+    """One `[[group]]` table of a suite file: runs that share a workload, its options, a budget and defaults."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    workload: str
+    workload_options: dict[str, Any] = Field(default_factory=dict, description="under each run's own")
+    budget: Budget | None = Field(default=None, description="over the suite's [budget], under each run's own")
+    defaults: dict[str, Any] = Field(default_factory=dict, description="over the suite's [defaults], under each "
+                                     "run's params")
+    baseline: str | None = Field(default=None, description="the label or method of one of the group's runs that "
+                                 "the others are compared against")
+    run: list[RunEntry] = Field(min_length=1)
+
+
 class SuiteFile(BaseModel):
     """The top level of a suite file (see docs/suites.md)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = Field(pattern=SAFE_NAME, max_length=MAX_NAME)
-    workload: str
+    workload: str | None = Field(default=None, description="the workload of every top-level [[run]] that names "
+                                 "none; required when one does not")
     workload_options: dict[str, Any] = Field(default_factory=dict)
     seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1)
     budget: Budget = Field(default_factory=Budget)
@@ -63,7 +80,10 @@ class SuiteFile(BaseModel):
     nodes: int = Field(default=1, ge=1, description="SLURM nodes per run; world_size / nodes tasks on each")
     data_root: str | None = None
     network: NetworkSpec | None = None
-    run: list[RunEntry] = Field(min_length=1)
+    baseline: str | None = Field(default=None, description="the label or method of one of the top-level runs "
+                                 "that the others are compared against")
+    run: list[RunEntry] = Field(default_factory=list, description="at least one run in all, here or in groups")
+    group: list[GroupEntry] = Field(default_factory=list)
 
 
 def load_suite_file(path: str | Path) -> tuple[SuiteFile, dict[str, Any]]:
@@ -80,7 +100,8 @@ def _lookup(path: Path, field: str, kind: registry.Registry, name: str):
 
 
 def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec | None = None) -> list[RunSpec]:
-    """Validate a suite file and expand it into one RunSpec per run and seed.
+    """Validate a suite file and expand it into one RunSpec per run and seed, in file order: the top-level [[run]]s,
+    then each [[group]]'s runs (harness/suite/groups.py), each once per seed.
 
     Checks every method name, workload name, method and workload parameter, world size, and the stages or chunks
     a method asks of the workload's blocks (without data: the model on the meta device). Any problem raises
@@ -89,26 +110,39 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
     """
     path = Path(path)
     suite, _doc = load_suite_file(path)
+    if suite.workload is not None:
+        _lookup(path, "workload", registry.WORKLOADS, suite.workload)
+    elif suite.workload_options:
+        raise FileError(f"{path}: workload_options: options of the suite's workload, but the suite names none")
     specs: list[RunSpec] = []
     seen: dict[str, str] = {}
-    for i, entry in enumerate(suite.run):
-        where = f"run[{i}]"
+    baselines: dict[str, list[tuple[str, str, set[str]]]] = {}  # 'baseline' or 'group[i].baseline' -> its runs
+    for placed in placed_runs(path, suite):
+        entry, where = placed.entry, placed.where
         method_cls, method_entry = _lookup(path, f"{where}.method", registry.METHODS, entry.method)
         workload_name = entry.workload or suite.workload
-        workload, workload_entry = _lookup(path, f"{where}.workload" if entry.workload else "workload",
-                                           registry.WORKLOADS, workload_name)
+        if workload_name is None:
+            raise FileError(f"{path}: {where}.workload: required key is missing (the suite names no workload)")
+        workload, workload_entry = _lookup(path, placed.workload_field, registry.WORKLOADS, workload_name)
         options = {**(suite.workload_options if not entry.workload else {}), **entry.workload_options}
         try:  # strict here, not in each workload's Options: every workload's options, a plugin's too
             resolved_options = workload.Options.model_validate(options, strict=True).model_dump()
         except ValidationError as exc:
-            raise first_error(path, exc, prefix=f"{where}.workload_options") from None
+            loc = exc.errors()[0]["loc"]
+            prefix = placed.option_field(str(loc[0])) if loc else f"{where}.workload_options"
+            raise first_error(path, exc, prefix=prefix) from None
 
-        # Precedence: method defaults < workload defaults < suite [defaults] < run params.
+        # Precedence: method defaults < workload defaults < suite [defaults] < group defaults < run params (a
+        # group's defaults are folded into entry.params by placed_runs).
         fields = method_cls.Params.model_fields
-        for key in suite.defaults:
-            if key not in fields:
-                raise FileError(f"{path}: defaults.{key}: not a parameter of method {entry.method!r} used by {where} "
-                                f"(its parameters: {', '.join(fields)})")
+        layers = [("defaults", suite.defaults)]
+        if placed.group_entry is not None:
+            layers.append((f"{placed.group}.defaults", placed.group_entry.defaults))
+        for field, values in layers:
+            for key in values:
+                if key not in fields:
+                    raise FileError(f"{path}: {field}.{key}: not a parameter of method {entry.method!r} used by "
+                                    f"{where} (its parameters: {', '.join(fields)})")
         merged = {k: v for k, v in workload.hyperparameters.items() if k in fields}
         merged.update(suite.defaults)
         merged.update(entry.params)
@@ -116,12 +150,11 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
             params = method_cls.Params.model_validate(merged)
         except ValidationError as exc:
             key = str(exc.errors()[0]["loc"][0]) if exc.errors()[0]["loc"] else ""
-            origin = "defaults" if key and key in suite.defaults and key not in entry.params else f"{where}.params"
-            raise first_error(path, exc, prefix=origin) from None
+            raise first_error(path, exc, prefix=placed.param_field(key, suite.defaults)) from None
         problem = method_cls.check_world_size(entry.world_size, params)
         if problem:
             raise FileError(f"{path}: {where}.world_size: {problem}")
-        _check_model(path, where, suite, entry, method_cls, params, (workload_name, workload, resolved_options))
+        _check_model(path, placed, suite, method_cls, params, (workload_name, workload, resolved_options))
         nodes = entry.nodes or suite.nodes
         if entry.world_size % nodes:
             raise FileError(f"{path}: {where + '.nodes' if entry.nodes else 'nodes'}: world_size "
@@ -131,12 +164,12 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
         if budget.max_epochs is None and budget.max_steps is None and budget.max_train_seconds is None:
             raise FileError(f"{path}: budget: give at least one of max_epochs, max_steps, max_train_seconds")
         if params.lr_schedule != "constant" and budget.max_epochs is None and budget.max_steps is None:
-            origin = f"{where}.params" if "lr_schedule" in entry.params else "defaults"
+            origin = placed.param_field("lr_schedule", suite.defaults, fallback="defaults")
             raise FileError(f"{path}: {origin}.lr_schedule: {params.lr_schedule!r} needs a planned number of steps: "
                             "give the budget max_epochs or max_steps")
         if params.lr_schedule == "cosine" and budget.max_steps is not None and \
                 getattr(params, "lr_warmup_steps", 0) >= budget.max_steps:
-            origin = f"{where}.params" if "lr_warmup_steps" in entry.params else "defaults"
+            origin = placed.param_field("lr_warmup_steps", suite.defaults, fallback="defaults")
             raise FileError(f"{path}: {origin}.lr_warmup_steps: a warm-up of {params.lr_warmup_steps} steps leaves "
                             f"the cosine schedule none of the budget's {budget.max_steps} steps: shorten it")
         threads = entry.threads_per_rank if entry.threads_per_rank is not None else suite.threads_per_rank
@@ -148,6 +181,10 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
             raise FileError(f"{path}: {where}.{problem}")
         run_network = network or entry.network or suite.network
         label = entry.label or default_label(entry, method_cls.name)
+        baseline_field = f"{placed.group}.baseline" if placed.group_entry is not None else "baseline"
+        baseline = placed.group_entry.baseline if placed.group_entry is not None else suite.baseline
+        names = {label, entry.method, method_cls.name}  # what a baseline may name: the label or the method
+        baselines.setdefault(baseline_field, []).append((label, method_cls.name, names))
         if run_network is not None:
             label += f" @ {run_network.text}"
         for seed in suite.seeds:
@@ -166,18 +203,22 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
                 hang_timeout_s=entry.hang_timeout_s or suite.hang_timeout_s,
                 allocator=entry.allocator or suite.allocator,
                 nodes=nodes, data_root=suite.data_root, suite_file=str(path.resolve()), network=run_network,
-                method_origin=method_entry.origin, workload_origin=workload_entry.origin,
+                method_origin=method_entry.origin, workload_origin=workload_entry.origin, baseline=baseline,
             ))
+    check_baseline(path, "baseline", suite.baseline, baselines.get("baseline", []))
+    for g, group in enumerate(suite.group):
+        check_baseline(path, f"group[{g}].baseline", group.baseline, baselines[f"group[{g}].baseline"])
     if only:
         specs = [s for s in specs if fnmatch.fnmatchcase(s.run_id, only)]
     return specs
 
 
-def _check_model(path: Path, where: str, suite: SuiteFile, entry: RunEntry, method_cls, params,
+def _check_model(path: Path, placed: PlacedRun, suite: SuiteFile, method_cls, params,
                  workload_of: tuple[str, Any, dict[str, Any]]) -> None:
     """What the method asks of the workload's model (stages, chunks against its blocks), on the model built on the
     meta device, for workloads that give one (Workload.make_model). Raises FileError naming the field."""
     name, workload, options = workload_of
+    entry = placed.entry
     if getattr(workload, "make_model", None) is None:
         return
 
@@ -185,16 +226,15 @@ def _check_model(path: Path, where: str, suite: SuiteFile, entry: RunEntry, meth
         try:
             return workload.meta_model(options)
         except ValueError as exc:
-            field = f"{where}.workload_options" if entry.workload_options else "workload_options"
-            raise FileError(f"{path}: {field}: {exc}") from None
+            raise FileError(f"{path}: {placed.options_field}: {exc}") from None
 
     problem = method_cls.check_model(entry.world_size, params, model)
     if problem:
         key, reason = problem
         if key == "world_size":
-            field = f"{where}.world_size"
+            field = f"{placed.where}.world_size"
         else:
-            field = f"defaults.{key}" if key in suite.defaults and key not in entry.params else f"{where}.params.{key}"
+            field = f"{placed.param_field(key, suite.defaults)}.{key}"
         raise FileError(f"{path}: {field}: {reason} (workload {name!r})")
 
 

@@ -56,6 +56,7 @@ class RunSpec(BaseModel):
     network: NetworkSpec | None = None
     method_origin: str | None = None
     workload_origin: str | None = None
+    baseline: str | None = None  # the label or method this run's workload is compared against (suite or [[group]])
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
