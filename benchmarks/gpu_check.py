@@ -35,23 +35,23 @@ REPLICATED = {"ddp", "fp16", "qsgd", "terngrad", "dgc", "onebit"}
 
 
 def suite_text(smoke: Path, epochs: float, max_ranks: int | None) -> tuple[str, list[str]]:
-    """The check's suite (the smoke suite's runs, one seed, `epochs` epochs, a checkpoint at the end) and the
-    skipped runs ('method (N ranks)'). Runs needing more than `max_ranks` ranks are skipped (None: none are)."""
+    """The check's suite (the smoke suite's runs, its groups' too, one seed, `epochs` epochs, a checkpoint at the
+    end) and the skipped runs ('method (N ranks)'). Runs needing more than `max_ranks` ranks are skipped (None: none
+    are), and a [[group]] left without runs with them. The smoke suite's layout is read: its [[run]]s, then its
+    [[group]]s, each with its [[group.run]]s."""
     text = smoke.read_text()
-    head, *blocks = re.split(r"^\[\[run\]\]\s*$", text, flags=re.M)
+    runs_text, *group_texts = re.split(r"^\[\[group\]\]\s*$", text, flags=re.M)
+    head, *blocks = re.split(r"^\[\[run\]\]\s*$", runs_text, flags=re.M)
     top = tomllib.loads(head)
-    kept, skipped = [], []
-    for block in blocks:
-        run = tomllib.loads(block)
-        ranks = int(run.get("world_size", 1))
-        if max_ranks is not None and ranks > max_ranks:
-            skipped.append(f"{run['method']} ({ranks} ranks)")
-            continue
-        # A run's own epoch budget is longer than the check's: the check's replaces it. One in steps (the language
-        # model's: an epoch of its windows is long) is that run's own length, and is kept.
-        if "budget" in run and "max_steps" not in run["budget"]:
-            block = re.sub(r"^budget\s*=.*$", "", block, flags=re.M)
-        kept.append("[[run]]" + block)
+    skipped: list[str] = []
+    kept = [kept_block for block in blocks for kept_block in _kept("[[run]]", block, max_ranks, skipped)]
+    for group_text in group_texts:
+        group_head, *run_blocks = re.split(r"^\[\[group\.run\]\]\s*$", group_text, flags=re.M)
+        runs = [kept_block for block in run_blocks
+                for kept_block in _kept("[[group.run]]", block, max_ranks, skipped)]
+        if runs:  # without its baseline: the check compares nothing, and the baseline's run may be skipped
+            group_head = re.sub(r"^baseline\s*=.*$", "", group_head, flags=re.M)
+            kept += ["[[group]]" + _check_budget(group_head, tomllib.loads(group_head)), *runs]
     defaults = "\n".join(f"{k} = {json.dumps(v)}" for k, v in top.get("defaults", {}).items())
     target = top.get("budget", {}).get("target_accuracy")
     header = (f'name = "gpu-check"\nworkload = {json.dumps(top["workload"])}\nseeds = [0]\n'
@@ -59,6 +59,26 @@ def suite_text(smoke: Path, epochs: float, max_ranks: int | None) -> tuple[str, 
               f"eval_every_epochs = {epochs / 2}\n" + (f"target_accuracy = {target}\n" if target else "")
               + f"\n[defaults]\n{defaults}\n\n")
     return header + "".join(kept), skipped
+
+
+def _kept(table: str, block: str, max_ranks: int | None, skipped: list[str]) -> list[str]:
+    """One run's block under its `table` header ([[run]] or [[group.run]]) as the check keeps it, or none (the run
+    named in `skipped`) when it needs more than `max_ranks` ranks."""
+    run = tomllib.loads(block)
+    ranks = int(run.get("world_size", 1))
+    if max_ranks is not None and ranks > max_ranks:
+        skipped.append(f"{run['method']} ({ranks} ranks)")
+        return []
+    return [table + _check_budget(block, run)]
+
+
+def _check_budget(block: str, table: dict) -> str:
+    """A run's or a group's block without its own epoch budget, which is longer than the check's: the check's
+    replaces it. One in steps (the language model's: an epoch of its windows is long) is that run's own length, and
+    is kept."""
+    if "budget" in table and "max_steps" not in table["budget"]:
+        block = re.sub(r"^budget\s*=.*$", "", block, flags=re.M)
+    return block
 
 
 def check_run(run_dir: Path, min_accuracy: float, want_cuda: bool) -> list[str]:
