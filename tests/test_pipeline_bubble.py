@@ -59,3 +59,25 @@ def test_two_process_gpipe_traces_follow_the_schedule_and_causality():
             assert start[("forward", mb, 1)] >= end[("forward", mb, 0)]
             assert start[("backward", mb, 0)] >= end[("backward", mb, 1)]
         assert 0 < step_bubble([s0, s1]) < 1
+
+
+@pytest.mark.parametrize("method", ["gpipe", "1f1b"])
+def test_a_clipped_step_traces_its_updates_so_its_bubble_counts_them(method):
+    """With grad_clip the updates wait for the global norm and run after the schedule (clip_and_update); they are
+    still part of the traced step, one per stage after its backwards, as an unclipped step's are."""
+    cls, ctx = context(method, 0, 1, {"microbatches": 4, "batch_size": 32, "stages": 2, "trace_steps": 2,
+                                      "grad_clip": 0.5})
+    records = []
+    ctx.log = lambda kind, **f: records.append((kind, f))
+    model = cls(ctx)
+    order = DataOrder(len(ctx.workload.train), 32, seed=0)
+    for t in range(1, 3):
+        model.train_step(Batch(t, 0.0, order.batch(t), ctx.workload.train, 0))
+    traces = [f for kind, f in records if kind == "trace" and f["step"] == 2]
+    for trace in traces:
+        events = parse_events(trace["events"])
+        ops = [e.op for e in events]
+        assert ops.count("update") == len({e.stage for e in events})
+        last_backward = max(e.end for e in events if e.op == "backward")
+        assert all(e.start >= last_backward for e in events if e.op == "update")
+    assert 0 < step_bubble([parse_events(t["events"]) for t in traces]) < 1

@@ -18,7 +18,7 @@ from harness.toolkit import make_optimizer
 from harness.trace_export import write_chrome_trace
 from methods.blocks import SUMS_WIDTH, classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
 from methods.pipeline.core import planning
-from methods.pipeline.core.actions import Schedule
+from methods.pipeline.core.actions import Action, Schedule
 from methods.pipeline.core.codecs import Codec, make_codec
 from methods.pipeline.core.executor import Microbatches, ProcessExecutor, VirtualExecutor, Wire
 from methods.pipeline.core.params import PipelineParams
@@ -228,13 +228,22 @@ class PipelineMethod(Method):
         return comms
 
     # -- running a schedule ----------------------------------------------------------------------------------------
-    def run(self, schedule: Schedule, views: dict[int, Microbatches], step: int) -> StepStats:
-        """Run `schedule` (one list per rank) for this rank or, in the virtual mode, for every rank."""
+    def run(self, schedule: Schedule, views: dict[int, Microbatches], step: int,
+            then: Callable[[], dict[int, list[tuple[Action, float, float]]]] | None = None) -> StepStats:
+        """Run `schedule` (one list per rank) for this rank or, in the virtual mode, for every rank. `then`, when
+        given, runs right after it, as part of the step, and returns the actions it ran per rank with their
+        perf_counter start and end (a clipped pipeline's updates): they join the rank's trace, so a traced step and
+        its bubble include them."""
         if self.virtual:
             traces = self.executor.run(schedule, views)
         else:
             traces = [self.executor.run(schedule[self.ctx.rank], views)]
         ranks = range(self.placement.world_size) if self.virtual else [self.ctx.rank]
+        if then is not None:
+            ran = then()
+            for rank, trace in zip(ranks, traces, strict=True):
+                for action, start, end in ran.get(rank, []):
+                    trace.add(action, start, end)
         for trace in traces:
             self.clock.add(trace)
         if self.ctx.log is not None and 1 <= step <= self.ctx.params.trace_steps:

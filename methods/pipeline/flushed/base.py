@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
@@ -13,7 +14,7 @@ from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
 from harness.toolkit import squared_grad_norm
 from harness.trace import StepSchedule
-from methods.pipeline.core.actions import Op, Schedule
+from methods.pipeline.core.actions import Action, Op, Schedule
 from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.interleaver import validate
 from methods.pipeline.core.params import PipelineParams
@@ -73,14 +74,16 @@ class FlushedPipeline(PipelineMethod):
         sizes = self.microbatch_sizes(len(batch))
         if self.ctx.params.grad_clip is None:
             return self.run(self.schedule, self.views(batch, sizes, list(range(m))), batch.step)
-        stats = self.run(self.schedule_without_updates, self.views(batch, sizes, list(range(m))), batch.step)
-        self.clip_and_update()
-        return stats
+        return self.run(self.schedule_without_updates, self.views(batch, sizes, list(range(m))), batch.step,
+                         then=self.clip_and_update)
 
-    def clip_and_update(self) -> None:
+    def clip_and_update(self) -> dict[int, list[tuple[Action, float, float]]]:
         """grad_clip by the global norm: each stage's sum of squared gradients (its first replica's: replicas hold
         the same synced gradient), summed over the ranks (category `grad_norm`, 8 bytes), then every stage's clipped
-        update. The norm is sgd's, up to the order of the sum, so the step is sgd's."""
+        update. The norm is sgd's, up to the order of the sum, so the step is sgd's. -> the UPDATE actions run per
+        rank, with their start and end (the norm's reduction counts in the first update's time): the traced step
+        has its updates, as an unclipped one has them in its schedule."""
+        start = time.perf_counter()
         firsts = {s: self.placement.ranks_of(s)[0] for s in range(self.num_stages)}
         squared = sum((squared_grad_norm(st.module.parameters()) for (r, s), st in self.workers.items()
                        if r == firsts[s]), torch.zeros((), dtype=torch.float64))
@@ -88,8 +91,13 @@ class FlushedPipeline(PipelineMethod):
             squared = squared.to(self.ctx.device)  # nccl reduces device tensors only
             self.ctx.comm.all_reduce(squared, "grad_norm")
             squared = squared.cpu()
-        for _, st in sorted(self.workers.items()):
+        ran: dict[int, list[tuple[Action, float, float]]] = {}
+        for (rank, stage), st in sorted(self.workers.items()):
             st.update(squared)
+            end = time.perf_counter()
+            ran.setdefault(rank, []).append((Action(Op.UPDATE, stage), start, end))
+            start = end
+        return ran
 
     # A flushed pipeline holds nothing in flight between steps: its state is each stage's weights and optimizer.
     def state_dict(self) -> dict[str, Any]:
