@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import math
 import os
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,6 +84,10 @@ def _fitting_size(text: str, width_pt: float, largest: float = 8.0, smallest: fl
     return size if size >= smallest else 0.0
 
 
+#: The gantt's title wraps at this many characters: the width of its 9-inch figure at a medium font.
+GANTT_TITLE_CHARACTERS = 90
+
+
 def plot_gantt(run: RunResult) -> Figure:
     """One pipeline run -> the timeline of its last fully traced step: a row per rank (per rank and lane where a
     rank runs several lanes at once, as qfb's forward and backward lanes), a bar per action (forward, backward,
@@ -118,7 +123,9 @@ def plot_gantt(run: RunResult) -> Figure:
     ax.set_xlabel("time from the step's first compute action (ms)")
     ideal = ideal_bubble_of(run)
     text = f"measured bubble {step_bubble(ranks):.3f}" + ("" if math.isnan(ideal) else f", ideal {ideal:.3f}")
-    ax.set_title(f"{run.label} (seed {run.spec.get('seed')}), step {step}: {text}", fontsize="medium")
+    # Wrapped to the figure's width (about 95 characters at this size), so a long label is never clipped.
+    title = f"{run.label} (seed {run.spec.get('seed')}), step {step}: {text}"
+    ax.set_title("\n".join(textwrap.wrap(title, GANTT_TITLE_CHARACTERS)), fontsize="medium")
     shown = [k for k in ("forward", "backward", "update", "sync_grads", "recv_act")
              if k != "sync_grads" or any(e.op == k for events in ranks for e in events)]
     ax.legend(handles=[Patch(color=COLORS[k], label=k.replace("recv_act", "waiting")) for k in shown],

@@ -1,0 +1,34 @@
+"""The gantt chart's title: a long label wraps inside the figure instead of being clipped at both sides."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from harness.report import pipeline  # noqa: E402
+from harness.results import RunResult, metrics_frame  # noqa: E402
+
+
+def test_a_long_label_wraps_inside_the_figure() -> None:
+    first = [["forward", 0, 0, 1, 0, 0], ["backward", 0, 3, 4, 0, 0], ["update", -1, 4, 4.2, 0, 0]]
+    last = [["forward", 0, 1, 2, 0, 1], ["backward", 0, 2, 3, 0, 1], ["update", -1, 3, 3.2, 0, 1]]
+    records = [{"kind": "trace", "rank": r, "step": 1, "worker": r, "events": events}
+               for r, events in enumerate((first, last))]
+    label = "gpipe batch_size=16 lr=0.003 lr_warmup_steps=15 momentum=0 microbatches=4 optimizer=adamw x2"
+    run = RunResult(Path("gpipe"), {"method": "gpipe", "world_size": 2, "seed": 0, "label": label,
+                                    "params": {"microbatches": 1}}, None, None, metrics_frame(records))
+    figure = pipeline.plot_gantt(run)
+    title = figure.axes[0].title
+    assert "\n" in title.get_text() and all(len(line) <= pipeline.GANTT_TITLE_CHARACTERS
+                                            for line in title.get_text().splitlines())
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(figure)
+    figure.savefig(io.BytesIO(), format="png")  # lay it out as the report does
+    box = title.get_window_extent(renderer=canvas.get_renderer())
+    width = figure.get_size_inches()[0] * figure.dpi
+    assert box.x0 >= 0 and box.x1 <= width
