@@ -4,6 +4,7 @@ improvement and performance profiles, one panel per workload. Colours follow the
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -199,11 +200,15 @@ def panel_title(ax: Any, key: str | None, several: bool, title: str, extra: str 
     text = (key or "") if several else title
     ax.set_title(text + (f"\n{extra}" if extra else ""), loc="left", fontsize="medium")
 
+#: Bar plots' tick labels wrap at this many characters, so long labels do not take the panels' width.
+TICK_CHARACTERS = 40
+
+
 def plot_time_to_target(table: pd.DataFrame, target: float | None = None,
                         styles: dict[str, Style] | None = None, interval: str = stats.CI_WORDS,
                         targets: dict[str, str] | None = None) -> Figure:
     """summary (runs x columns) -> per workload, a horizontal bar per label: mean time to target over the runs that
-    reached it, 95% bootstrap CI (a log axis when the means span more than a decade).
+    reached it, 95% bootstrap CI, on a linear axis.
 
     Tick labels (one per row, so they never overlap) say how many of each label's runs reached the target; labels
     that never did keep an empty row and are named in the title. With no run reaching it the figure says so.
@@ -218,7 +223,9 @@ def plot_time_to_target(table: pd.DataFrame, target: float | None = None,
     else:
         target_text = f"target accuracy {target:g}" if target is not None else "target accuracy"
     title = f"Train time to reach the {target_text} (mean, {interval})"
-    fig, panels = bar_panels(table, "time_to_target_s", styles)
+    # A linear axis: a bar's length is its time (bars on a log axis start nowhere); long tick labels wrap, so the
+    # panels keep most of the width.
+    fig, panels = bar_panels(table, "time_to_target_s", styles, log=False)
     for ax, key, labels, reached in panels:
         rows = in_panel(table, key)
         if reached.empty:
@@ -226,7 +233,7 @@ def plot_time_to_target(table: pd.DataFrame, target: float | None = None,
         else:
             counts = [f"{label} ({(reached['label'] == label).sum()}/{(rows['label'] == label).sum()} reached)"
                       for label in labels]
-            ax.set_yticks(range(len(labels)), counts)
+            ax.set_yticks(range(len(labels)), ["\n".join(textwrap.wrap(text, TICK_CHARACTERS)) for text in counts])
         ax.set_xlabel("train time to target (s)" + (", log scale" if ax.get_xscale() == "log" else ""))
         never = [label for label in labels if label not in set(reached["label"].astype(str))]
         if key is not None and targets and key in targets and len(panels) > 1:

@@ -1,4 +1,5 @@
-"""The gantt chart's title: a long label wraps inside the figure instead of being clipped at both sides."""
+"""The gantt chart and the time-to-target bars: long labels wrap inside the figure instead of being clipped,
+and bars stand on a linear axis."""
 
 from __future__ import annotations
 
@@ -32,3 +33,19 @@ def test_a_long_label_wraps_inside_the_figure() -> None:
     box = title.get_window_extent(renderer=canvas.get_renderer())
     width = figure.get_size_inches()[0] * figure.dpi
     assert box.x0 >= 0 and box.x1 <= width
+
+
+def test_time_to_target_bars_stand_on_a_linear_axis_and_long_labels_wrap() -> None:
+    import pandas as pd
+
+    from harness.report.figures import TICK_CHARACTERS, plot_time_to_target
+
+    long = "sgd batch_size=16 lr=0.003 lr_warmup_steps=15 momentum=0 x1"
+    table = pd.DataFrame({"label": [long] * 3 + ["ddp x2"] * 3, "workload": ["w"] * 6, "seed": [0, 1, 2] * 2,
+                          "time_to_target_s": [1.0, 1.2, 1.1, 40.0, 41.0, 42.0]})  # more than a decade apart
+    fig = plot_time_to_target(table, 0.9)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "linear" and "log" not in ax.get_xlabel()
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    assert all(len(line) <= TICK_CHARACTERS for tick in ticks for line in tick.splitlines())
+    assert "\n" in ticks[0]
