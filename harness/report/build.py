@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.report import comparisons, figures, hygiene, network, page, pipeline, rankings, stats, tables
+from harness.report import (baselines, comparisons, figures, hygiene, network, page, pipeline, rankings, stats,
+                            tables)
 from harness.report import plots as plots_module
 from harness.results import RunResult, load_suite
 
@@ -66,8 +67,9 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     Corrupt lines of the runs' metrics.jsonl are skipped (each with a warning): the page and one more warning say
     how many, in which runs (dropped_lines_text).
 
-    The page opens with the rankings per workload and network (report/rankings.py: speed-ups over `baseline`, the
-    label comparisons are made against, choose_baseline; the page names the one it used), then the per-label table
+    The page opens with the rankings per workload and network (report/rankings.py: speed-ups over each workload's
+    baseline, baselines.workload_baselines: `baseline` where it ran, else the suite's for that workload, else its
+    first ddp run; none where one label ran; the page names them), then the per-label table
     (a row per workload and label, in rank order). Plots (report/plots.py: one panel per workload, a caption naming
     the runs each leaves out): accuracy against train time and epochs, training loss, time to target, bytes per
     sample, throughput, each rank's peak memory, (when a method runs at several world sizes) scaling, (with 3 seeds
@@ -91,7 +93,13 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     if dropped:
         warnings.warn(f"{suite_dir}: {dropped}", stacklevel=2)
     table = tables.summary(runs)
-    baseline_label, chosen = choose_baseline(table, baseline)
+    baseline_label, chosen = choose_baseline(table, baseline)  # validates --baseline; the network section's
+    per_workload = baselines.workload_baselines(table, runs, baseline)
+    base_of = {workload: b.label for workload, b in per_workload.items()}
+    if set(base_of.values()) == {baseline_label}:
+        named = (baseline_label, chosen)
+    else:
+        named = ("each workload's own", baselines.baselines_text(per_workload))
     out_dir = Path(out_dir) if out_dir is not None else suite_dir / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -99,9 +107,9 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
                                                         if str(run.spec.get("workload")) == workload])
                for workload in {str(w) for w in table["workload"]}}
     readings = tables.readings(runs)
-    ranked = rankings.rankings(table, baseline_label, targets, readings)
+    ranked = rankings.rankings(table, base_of, targets, readings)
     ranked.to_csv(out_dir / "rankings.csv", index=False)
-    table = pd.concat([table, rankings.run_speedups(table, ranked, baseline_label)], axis=1)
+    table = pd.concat([table, rankings.run_speedups(table, ranked, base_of)], axis=1)
     table.to_csv(out_dir / "summary.csv", index=False)
     completed = [run for run in runs if run.state == "completed"]
     used = completed or runs
@@ -109,7 +117,7 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
              else "No run completed: aggregates and plots use every run.")
     used_table = table[table["state"] == "completed"] if completed else table
     has_target = any(tables.target_of(run.spec) is not None for run in used)
-    robust = comparisons.robust_table(used_table, baseline_label, has_target)
+    robust = comparisons.robust_table(used_table, base_of, has_target)
     robust.to_csv(out_dir / "comparisons.csv", index=False)
     aggregates = rankings.in_rank_order(tables.aggregate(table, ("completed",) if completed else None), ranked)
     few_seeds = (page.fewest_runs(aggregates) or 0) < page.MIN_SEEDS
@@ -120,9 +128,9 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
         if comparisons.with_keys(covered)["method_label"].nunique() > 1:
             scores, profile = comparisons.algoperf(covered)
     plots = plots_module.suite_plots(runs, used, rankings.in_rank_order(table, ranked),
-                                     rankings.in_rank_order(used_table, ranked), robust, baseline_label, profile,
+                                     rankings.in_rank_order(used_table, ranked), robust, named[0], profile,
                                      few_seeds, interval)
-    sections = [comparisons.comparisons_html(robust, scores, baseline_label, few_seeds, left_out)]
+    sections = [comparisons.comparisons_html(robust, scores, named[0], few_seeds, left_out)]
     for make in extra_sections:
         extra = make(suite_dir, runs, table, out_dir)
         if extra:
@@ -145,11 +153,11 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     suite = str(runs[0].spec.get("suite") or suite_dir.name)
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     html = page.render_html(suite, generated, table, aggregates, tables.failures(runs), shown, scope, sections,
-                            (baseline_label, chosen),
+                            named,
                             [hygiene.noisy_html(table), page.small_sample_html(aggregates),
                              f'<p class="warning"><b>Corrupt records.</b> {html_escape(dropped)}.</p>\n' if dropped
                              else ""],
-                            rankings=rankings.rankings_html(ranked, baseline_label, interval), interval=interval,
+                            rankings=rankings.rankings_html(ranked, base_of, interval), interval=interval,
                             readings=readings)
     index = out_dir / "index.html"
     index.write_text(html, encoding="utf-8")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -37,18 +38,25 @@ def _by_stratum(rows: pd.DataFrame, metric: str, sign: float) -> dict[Any, np.nd
             for key, group in rows.groupby("stratum", sort=False)}
 
 
-def robust_table(table: pd.DataFrame, baseline: str, has_target: bool = True) -> pd.DataFrame:
+def robust_table(table: pd.DataFrame, baseline: str | Mapping[str, str | None],
+                 has_target: bool = True) -> pd.DataFrame:
     """summary (runs x columns) -> one row per label: label, runs, then for each METRICS m: iqm_m, iqm_m_low,
     iqm_m_high (rliable's IQM over the label's runs with the stratified bootstrap interval, strata = (workload,
     network)), poi_m, poi_m_low, poi_m_high (probability that a run of the label beats a run of `baseline`, a label
-    without its network, in the same stratum; 'beats' is a higher accuracy, a shorter time; NaN on the baseline
-    itself), and mlperf_time_to_target_s (the olympic mean over seeds when the label's runs share one stratum).
+    without its network, or each workload's ({workload: label or None}), in the same stratum; 'beats' is a higher
+    accuracy, a shorter time; NaN on the baseline itself), and mlperf_time_to_target_s (the olympic mean over seeds
+    when the label's runs share one stratum).
 
     A missed target counts as an infinite time: it ranks slowest in the probability of improvement, and an IQM or
     interval end that it reaches is NaN (censored: not a number). Without a target (`has_target` False) the time
     columns are NaN.
     """
     data = with_keys(table)
+    def base_of(workload: object) -> str | None:
+        return baseline.get(str(workload)) if isinstance(baseline, Mapping) else baseline
+
+    is_base = pd.Series([label == base_of(workload) for label, workload in
+                         zip(data["method_label"], data["workload"], strict=True)], index=data.index)
     rows = []
     for label, group in data.groupby("label", sort=False):
         mine = group["method_label"].iloc[0]
@@ -64,9 +72,9 @@ def robust_table(table: pd.DataFrame, baseline: str, has_target: bool = True) ->
             # not a number: NaN, shown as '–'.
             row[f"iqm_{metric}"], row[f"iqm_{metric}_low"], row[f"iqm_{metric}_high"] = (
                 v if math.isfinite(v) else math.nan for v in stats.stratified_bootstrap_ci(list(ours.values())))
-            theirs = _by_stratum(data[data["method_label"] == baseline], metric, sign)
+            theirs = _by_stratum(data[is_base], metric, sign)
             shared = [key for key in ours if key in theirs]
-            if mine == baseline or not shared:
+            if is_base[group.index].all() or not shared:
                 poi = (math.nan, math.nan, math.nan)
             else:
                 poi = stats.probability_of_improvement([sign * ours[k] for k in shared], [theirs[k] for k in shared])

@@ -20,8 +20,15 @@ RANKING_COLUMNS = (
     "workload", "network", "target_accuracy", "rank", "label", "method_label", "runs", "completed", "reached",
     "time_to_target_s", "speedup_vs_baseline", "speedup_ci_low", "speedup_ci_high", "speedup_pairs",
     "final_accuracy", "bytes_per_sample", "states", "target_loss", "final_loss", "speedup_bound",
-    "speedup_bound_side", "reading", "perplexity", "bytes_per_token", "tokens_per_s",
+    "speedup_bound_side", "reading", "perplexity", "bytes_per_token", "tokens_per_s", "baseline",
 )  # fmt: skip
+#: A baseline per workload ({workload: label, or None where nothing compares}), or one label for every workload.
+Baselines = Mapping[str, "str | None"] | str
+
+
+def baseline_of(baseline: Baselines, workload: object) -> str | None:
+    """The baseline label of `workload` (None: the workload has none)."""
+    return baseline.get(str(workload)) if isinstance(baseline, Mapping) else baseline
 #: The per-run columns summary.csv gains (docs/results.md).
 SPEEDUP_COLUMNS = ("speedup_vs_baseline", "speedup_ci_low", "speedup_ci_high")
 
@@ -92,7 +99,7 @@ def _order(row: dict[str, Any]) -> tuple:
     return (2, -accuracy if math.isfinite(accuracy) else math.inf, 0.0)
 
 
-def rankings(table: pd.DataFrame, baseline: str,
+def rankings(table: pd.DataFrame, baseline: Baselines,
              targets: Mapping[str, float | tuple[str, float] | None] | float | None,
              readings: Mapping[str, str] | None = None) -> pd.DataFrame:
     """summary (every run) -> RANKING_COLUMNS, one row per (workload, network, label), ranked within each stratum.
@@ -100,24 +107,26 @@ def rankings(table: pd.DataFrame, baseline: str,
     Statistics use the completed runs: reached counts those that reached the target; time_to_target_s is the mean
     over those; final_accuracy and bytes_per_sample the mean over completed runs. rank starts at 1 per stratum
     (see _order); a label with no completed run keeps a row (rank NaN, `states` says what became of its runs).
-    `baseline` is a label without its network (choose_baseline). `targets`: each workload's target accuracy (None
-    where its runs set none or differ: that stratum ranks by final accuracy), or one target for all, or None; a
-    target may be a (kind, value) pair (results.target_of): ("loss", l) is a target_loss, whose stratum ranks
-    labels that never reach it by final loss, lowest first. `readings` ({workload: 'accuracy' | 'loss'},
-    tables.readings) says how each workload is read where no target says it: a language model without a target
-    ranks by held-out loss. The row's `reading` column records it.
+    `baseline` is each workload's baseline label without its network (baselines.workload_baselines; None: that
+    workload compares nothing), or one label for all; the row's `baseline` column names it. `targets`: each
+    workload's target accuracy (None where its runs set none or differ: that stratum ranks by final accuracy), or
+    one target for all, or None; a target may be a (kind, value) pair (results.target_of): ("loss", l) is a
+    target_loss, whose stratum ranks labels that never reach it by final loss, lowest first. `readings`
+    ({workload: 'accuracy' | 'loss'}, tables.readings) says how each workload is read where no target says it: a
+    language model without a target ranks by held-out loss. The row's `reading` column records it.
     """
     data = with_keys(table)
     rows = []
     for (workload, network), stratum in data.groupby(["workload", "network"], sort=False):
         done = stratum[stratum["state"] == "completed"]
-        base = done[done["method_label"] == baseline]
+        base_label = baseline_of(baseline, workload)
+        base = done[done["method_label"] == base_label]
         ranked = []
         for label, group in stratum.groupby("label", sort=False):
             mine = done[done["label"] == label]
             times = mine["time_to_target_s"].astype(float)
             bound, side = math.nan, ""
-            if len(mine) and mine["method_label"].iloc[0] != baseline and len(base):
+            if len(mine) and mine["method_label"].iloc[0] != base_label and len(base):
                 ratio, low, high, pairs = speedup(mine, base)
                 if math.isnan(ratio):
                     bound, side = bounded_speedup(mine, base)
@@ -139,6 +148,7 @@ def rankings(table: pd.DataFrame, baseline: str,
                 "perplexity": _mean(mine["perplexity"]) if "perplexity" in mine else math.nan,
                 "bytes_per_token": _mean(mine["bytes_per_token"]) if "bytes_per_token" in mine else math.nan,
                 "tokens_per_s": _mean(mine["tokens_per_s"]) if "tokens_per_s" in mine else math.nan,
+                "baseline": base_label or "",
             })  # fmt: skip
         ranked.sort(key=_order)
         for position, row in enumerate(ranked, start=1):
@@ -149,17 +159,19 @@ def rankings(table: pd.DataFrame, baseline: str,
     return out
 
 
-def run_speedups(table: pd.DataFrame, ranked: pd.DataFrame, baseline: str) -> pd.DataFrame:
+def run_speedups(table: pd.DataFrame, ranked: pd.DataFrame, baseline: Baselines) -> pd.DataFrame:
     """summary -> SPEEDUP_COLUMNS per run (same index): the baseline's time to target on the run's seed, workload and
     network over the run's own (NaN when either missed it, either did not complete, or the run is the baseline's),
     and the interval of its label's speed-up (rankings)."""
     data = with_keys(table)
     done = data[data["state"] == "completed"]
-    base = done[done["method_label"] == baseline].groupby(["workload", "network", "seed"])["time_to_target_s"].first()
+    is_base = pd.Series([label == baseline_of(baseline, workload) for label, workload in
+                         zip(done["method_label"], done["workload"], strict=True)], index=done.index, dtype=bool)
+    base = done[is_base].groupby(["workload", "network", "seed"])["time_to_target_s"].first()
     bounds = ranked.set_index(["workload", "network", "label"])[["speedup_ci_low", "speedup_ci_high"]]
     out = pd.DataFrame(math.nan, index=table.index, columns=list(SPEEDUP_COLUMNS))
     for index, row in data.iterrows():
-        if row["state"] != "completed" or row["method_label"] == baseline:
+        if row["state"] != "completed" or row["method_label"] == baseline_of(baseline, row["workload"]):
             continue
         theirs = base.get((row["workload"], row["network"], row["seed"]), math.nan)
         mine = float(row["time_to_target_s"])
@@ -208,13 +220,18 @@ def _by_loss(stratum: pd.DataFrame) -> bool:
     return "target_loss" in stratum and not math.isnan(float(stratum["target_loss"].iloc[0]))
 
 
-def verdict(stratum: pd.DataFrame, baseline: str) -> str:
-    """One stratum's rankings -> the sentence that names its winner (plain text)."""
+def verdict(stratum: pd.DataFrame, baseline: Baselines) -> str:
+    """One stratum's rankings -> the sentence that names its winner (plain text); with a single label, none: there
+    is nothing to compare."""
+    stratum_baseline = str(stratum["baseline"].iloc[0]) if "baseline" in stratum else None
+    baseline = stratum_baseline or baseline_of(baseline, stratum["workload"].iloc[0]) or ""
     target = stratum_target(stratum)
     where = _where(stratum["workload"].iloc[0], stratum["network"].iloc[0])
     done = stratum[stratum["completed"] > 0]
     if done.empty:
         return f"On {where}, no run completed."
+    if stratum["label"].nunique() == 1:
+        return f"On {where}, only {stratum['label'].iloc[0]} ran: nothing to compare."
     if target is None:
         if _by_loss(stratum):
             best = done.sort_values("final_loss").iloc[0]
@@ -256,7 +273,7 @@ def verdict(stratum: pd.DataFrame, baseline: str) -> str:
 
 
 def _speedup_text(row: pd.Series, baseline: str) -> str:
-    """A ranking row's speed-up cell."""
+    """A ranking row's speed-up cell (`baseline`: its stratum's)."""
     if row["method_label"] == baseline:
         return "baseline"
     if math.isfinite(row["speedup_vs_baseline"]):
@@ -277,31 +294,35 @@ def _time_text(row: pd.Series) -> str:
     return time if row["reached"] == row["completed"] else f"{time} ({row['reached']} of {row['completed']})"
 
 
-def rankings_html(ranked: pd.DataFrame, baseline: str, interval: str = stats.CI_WORDS) -> str:
+def rankings_html(ranked: pd.DataFrame, baseline: Baselines, interval: str = stats.CI_WORDS) -> str:
     """The 'Rankings' section: per workload and network, the verdict sentence and the ranked labels; with fewer than
     3 runs a label (`interval`, stats.interval_words, is not a CI), a sentence that the order is not significant."""
     e = html.escape
     parts = ['<section id="rankings">\n<h2>Rankings</h2>\n',
              f"<p>Per workload and network, the labels ordered by time to target (the mean over the completed runs "
              f"that reached it; labels that reached it on every run first, then those that reached it on some, by "
-             f"the share), then by final accuracy. Speed-up: the baseline <b>{e(baseline)}</b>'s mean time to target "
+             f"the share), then by final accuracy. Speed-up: the workload's baseline's mean time to target "
              f"over the label's, paired by seed, with its paired bootstrap interval; given only when both reached the "
              f"target on every shared seed, or, where one side missed it on some seed, the bound (≥ or ≤) that the "
              f"missed run's train time gives, when that bound says which is faster. A workload whose runs set no "
              f"target (or different ones) ranks by final accuracy (a language model by its held-out loss, lowest "
              f"first), with no time to target and no speed-up. A language model's table leads with held-out loss "
-             f"and perplexity, and has no accuracy column.</p>\n"]
+             f"and perplexity, and has no accuracy column. Each workload has its own baseline, named in its "
+             f"speed-up column (the suite's for that workload, else its first ddp run); a workload with one label "
+             f"has nothing to compare, and names no winner.</p>\n"]
     if interval != stats.CI_WORDS:
         parts.append(f'<p class="warning"><b>Not significant.</b> Some labels have fewer than '
                      f"{stats.MIN_INTERVAL_RUNS} runs ({e(interval)}): the order below is what these runs gave, not "
                      f"a finding, and labels whose ranges overlap may swap places in another run of the suite.</p>\n")
     for _, stratum in ranked.groupby(["workload", "network"], sort=False):
+        base = str(stratum["baseline"].iloc[0]) if "baseline" in stratum else \
+            baseline_of(baseline, stratum["workload"].iloc[0]) or ""
         target = stratum_target(stratum)
         shown = pd.DataFrame({
             "rank": ["–" if pd.isna(r) else str(int(r)) for r in stratum["rank"]],
             "label": stratum["label"],
             "time to target (s)": [_time_text(row) for _, row in stratum.iterrows()],
-            f"speed-up vs {baseline}": [_speedup_text(row, baseline) for _, row in stratum.iterrows()],
+            f"speed-up vs {base}": [_speedup_text(row, base) for _, row in stratum.iterrows()],
         })  # fmt: skip
         if _by_loss(stratum):  # a language model: held-out loss and perplexity lead; no accuracy column
             shown["held-out loss"] = [number_text(v) for v in stratum["final_loss"]]
@@ -312,7 +333,9 @@ def rankings_html(ranked: pd.DataFrame, baseline: str, interval: str = stats.CI_
             shown["final accuracy"] = [number_text(v) for v in stratum["final_accuracy"]]
             shown["bytes / sample"] = [number_text(v, ",.0f") for v in stratum["bytes_per_sample"]]
         if target is None:  # no target: nothing was timed, the order is by final accuracy
-            shown = shown.drop(columns=["time to target (s)", f"speed-up vs {baseline}"])
+            shown = shown.drop(columns=["time to target (s)", f"speed-up vs {base}"])
+        elif not base:  # one label: nothing to compare, no speed-up column
+            shown = shown.drop(columns=[f"speed-up vs {base}"])
         where = _where(stratum["workload"].iloc[0], stratum["network"].iloc[0])
         parts += [f"<h3>{e(where)}</h3>\n", f'<p class="verdict">{e(verdict(stratum, baseline))}</p>\n',
                   table_html(shown)]
