@@ -19,7 +19,7 @@ from harness.cli import main
 from harness.report import build, censored, tables
 from harness.report.rankings import rankings
 from harness.results import load_suite
-from tests.test_claims import claim, claim_file, write_run
+from test_claims import claim, claim_file, write_run
 
 REACHED, MISSED = 0.95, 0.5  # final accuracies either side of the fake suite's target 0.9
 

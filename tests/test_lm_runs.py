@@ -97,4 +97,6 @@ def test_a_loss_target_no_run_reaches_ranks_by_final_loss(tmp_path, monkeypatch)
     row = next(csv.DictReader(open(suite_dir / "report" / "summary.csv", newline="")))
     assert row["time_to_target_s"] == ""
     page = (suite_dir / "report" / "index.html").read_text()
-    assert "no label reached the target loss 0.01" in page and "lowest held-out loss" in page
+    # one label: nothing to compare, and what it reached
+    assert "only sgd" in page and "nothing to compare; it reached the target loss 0.01 on 0 of 1 runs" in page
+    assert "ending at held-out loss" in page

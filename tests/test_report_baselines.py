@@ -10,7 +10,7 @@ import pandas as pd
 from harness.report import build
 from harness.report.baselines import Baseline, workload_baselines
 from harness.results import RunResult
-from tests.test_report_lm import write_lm_run
+from test_report_lm import write_lm_run
 
 
 def table(*rows: tuple[str, str, str]) -> pd.DataFrame:
@@ -35,7 +35,7 @@ def test_the_rules_in_order() -> None:
 
 
 def test_each_workload_is_ranked_against_its_own_ddp(tmp_path: Path) -> None:
-    from tests.test_report import write_run
+    from test_report import write_run
 
     suite = tmp_path / "mix"
     for seed in range(3):

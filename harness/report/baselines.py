@@ -37,24 +37,26 @@ def workload_baselines(table: pd.DataFrame, runs: Sequence[RunResult] = (), requ
                        index=table.index)
     named = {str(run.spec.get("workload")): run.spec.get("baseline") for run in runs
              if isinstance(run.spec.get("baseline"), str)}
+    workloads = table["workload"].astype(str).to_numpy()
+    all_labels, all_methods = labels.to_numpy(), table["method"].astype(str).to_numpy()
     out = {}
-    for workload in pd.unique(table["workload"].astype(str)):
-        here = table["workload"].astype(str) == workload
-        mine = list(dict.fromkeys(labels[here]))
-        methods = table.loc[here, "method"].astype(str)
+    for workload in dict.fromkeys(workloads):
+        here = workloads == workload
+        labels_here, methods_here = all_labels[here], all_methods[here]
+        mine = list(dict.fromkeys(labels_here))
         suite_choice = named.get(workload)
-        if len(mine) == 1:
-            out[workload] = Baseline(None, f"only {mine[0]} ran here: nothing to compare")
+        if len(mine) <= 1:
+            out[workload] = Baseline(None, f"only {mine[0] if mine else 'one label'} ran here: nothing to compare")
         elif requested is not None and requested in mine:
             out[workload] = Baseline(requested, "--baseline")
-        elif suite_choice is not None and (suite_choice in mine or (methods == suite_choice).any()):
-            label = suite_choice if suite_choice in mine else labels[here][methods == suite_choice].iloc[0]
+        elif suite_choice is not None and (suite_choice in mine or (methods_here == suite_choice).any()):
+            label = suite_choice if suite_choice in mine else str(labels_here[methods_here == suite_choice][0])
             out[workload] = Baseline(label, "the suite's baseline")
-        elif (methods == DEFAULT_METHOD).any():
-            out[workload] = Baseline(labels[here][methods == DEFAULT_METHOD].iloc[0],
+        elif (methods_here == DEFAULT_METHOD).any():
+            out[workload] = Baseline(str(labels_here[methods_here == DEFAULT_METHOD][0]),
                                      f"default: the first {DEFAULT_METHOD} run")
         else:
-            out[workload] = Baseline(mine[0], f"default: no {DEFAULT_METHOD} run, so the first label")
+            out[workload] = Baseline(str(mine[0]), f"default: no {DEFAULT_METHOD} run, so the first label")
     return out
 
 

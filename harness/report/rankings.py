@@ -231,7 +231,7 @@ def verdict(stratum: pd.DataFrame, baseline: Baselines) -> str:
     if done.empty:
         return f"On {where}, no run completed."
     if stratum["label"].nunique() == 1:
-        return f"On {where}, only {stratum['label'].iloc[0]} ran: nothing to compare."
+        return _alone(stratum, where, target)
     if target is None:
         if _by_loss(stratum):
             best = done.sort_values("final_loss").iloc[0]
@@ -270,6 +270,21 @@ def verdict(stratum: pd.DataFrame, baseline: Baselines) -> str:
     if base["reached"].iloc[0] < base["completed"].iloc[0]:
         return text + f"; the baseline {baseline} missed the target on some runs, so no speed-up is given."
     return text + f"; it shares no seed with the baseline {baseline}, so no speed-up is given."
+
+
+def _alone(stratum: pd.DataFrame, where: str, target: float | None) -> str:
+    """The verdict of a stratum where one label ran: nothing to compare, and what it reached."""
+    row = stratum.iloc[0]
+    text = f"On {where}, only {row['label']} ran: nothing to compare"
+    by_loss = _by_loss(stratum)
+    ended = (f"held-out loss {number_text(row['final_loss'])}" if by_loss
+             else f"accuracy {number_text(row['final_accuracy'])}")
+    if target is None:
+        return f"{text}; it ended at {ended}."
+    words = f"target loss {target:g}" if by_loss else f"target {target:g}"
+    if row["reached"] == row["completed"]:
+        return f"{text}; it reached the {words} in {number_text(row['time_to_target_s'])} s."
+    return f"{text}; it reached the {words} on {row['reached']} of {row['completed']} runs, ending at {ended}."
 
 
 def _speedup_text(row: pd.Series, baseline: str) -> str:
