@@ -96,4 +96,4 @@ def test_pipeline_suite_end_to_end(tmp_path):
     assert "<h2>Pipelines</h2>" in page
     assert 'href="../gpipe-digits-mlp-w2-microbatches4-trace_steps3-s0/trace.json"' in page
     assert {p.name for p in (out / "pipes" / "report").glob("gantt_*.png")} == {
-        "gantt_gpipe_microbatches_4_trace_steps_3_x2.png", "gantt_pipedream_trace_steps_3_x2.png"}
+        "gantt_gpipe_x2.png", "gantt_pipedream_x2.png"}

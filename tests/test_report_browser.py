@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from test_report import write_run
+from test_report_lm import write_lm_run
 
 from harness.report import build
 
@@ -36,6 +37,14 @@ window.addEventListener("load", () => {
     page_width: document.documentElement.scrollWidth, window_width: document.documentElement.clientWidth,
     wide: wide, rankings: !!document.getElementById("rankings"),
     verdicts: [...document.querySelectorAll("#rankings .verdict")].map(p => p.textContent),
+    ranking_columns: Object.fromEntries([...document.querySelectorAll("#rankings h3")].map(h => {
+      let table = h.nextElementSibling;
+      while (table && !table.querySelector("table")) table = table.nextElementSibling;
+      return [h.textContent, table ? [...table.querySelectorAll("th")].map(th => th.textContent) : []];
+    })),
+    per_label_columns: [...document.querySelectorAll("#per-label table")].map(
+      t => [...t.querySelectorAll("th")].map(th => th.textContent)),
+    tooltips: [...document.querySelectorAll("#per-label .setup")].map(s => s.title),
   });
   body.appendChild(out);
 });
@@ -91,3 +100,25 @@ def test_the_report_loads_fits_the_page_and_ranks(tmp_path: Path) -> None:
     assert checks["rankings"] and checks["verdicts"] == [
         "On digits-mlp, ddp x2 reached the target 0.9 fastest, in 2 s (mean of 2 runs): it is the baseline."], checks
     assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def test_a_report_with_a_language_model_reads_it_by_its_loss(tmp_path: Path) -> None:
+    suite = tmp_path / "mix"
+    for seed in (0, 1, 2):
+        write_run(suite, "ddp", "ddp x2", seed, "completed", [(1.0, 0.5), (2.0, 0.93), (3.0, 0.95)])
+        write_run(suite, "qsgd", "qsgd x2", seed, "completed", [(1.5, 0.5), (2.5, 0.93), (3.5, 0.95)])
+        write_lm_run(suite, "sgd", "sgd adamw x1", seed, [(1.0, 3.5), (2.0, 3.0), (3.0, 2.8)])
+        write_lm_run(suite, "ddp", "ddp adamw x2", seed, [(2.0, 3.4), (4.0, 2.95), (6.0, 2.7)])
+    checks = measured(build.write_report(suite), tmp_path)
+    assert checks["images"] >= 6 and checks["broken"] == [], checks
+    assert checks["page_width"] <= checks["window_width"] and checks["wide"] == [], checks
+    columns = checks["ranking_columns"]
+    assert set(columns) == {"digits-mlp", "shakespeare-gpt"}, columns
+    assert "held-out loss" in columns["shakespeare-gpt"] and "perplexity" in columns["shakespeare-gpt"], columns
+    assert not any("accuracy" in c for c in columns["shakespeare-gpt"]), columns
+    assert "final accuracy" in columns["digits-mlp"], columns
+    # The per-label table: one part per reading, the language model's with no accuracy column.
+    by_loss = [c for c in checks["per_label_columns"] if any("held-out loss" in h for h in c)]
+    assert len(checks["per_label_columns"]) == 2 and len(by_loss) == 1, checks["per_label_columns"]
+    assert not any("accuracy" in h for h in by_loss[0]), by_loss
+    assert "ddp x2 on shakespeare-gpt (context=32); params: batch_size=16" in checks["tooltips"], checks

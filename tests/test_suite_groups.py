@@ -184,8 +184,8 @@ GROUP_RUN_ERRORS = [
     ("group run names a workload", GROUPED.replace('world_size = 2\nparams', 'world_size = 2\nworkload = "digits-mlp"'
                                                    '\nparams'), "group[0].run[1].workload: a group's runs take"),
     ("bad group baseline", GROUPED.replace('baseline = "ddp"', 'baseline = "dpp"'),
-     "group[0].baseline: no run of this group has the label or method 'dpp' (labels: sgd batch_size=16 momentum=0.5 "
-     "x1, ddp batch_size=16 lr=0.2 momentum=0.5 x2; methods: sgd, ddp)"),
+     "group[0].baseline: no run of this group has the label or method 'dpp' (labels: sgd x1, ddp x2; methods: sgd, "
+     "ddp)"),
     ("bad top-level baseline", GROUPED.replace('name = "t"', 'name = "t"\nbaseline = "ddp"'),
      "baseline: no top-level [[run]] has the label or method 'ddp' (labels: sgd x1; methods: sgd)"),
     ("group default of no method", GROUPED.replace("momentum = 0.5 }", "momentum = 0.5, bits = 4 }"),

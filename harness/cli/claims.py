@@ -17,12 +17,17 @@ def add(verbs) -> None:
         "claims", help="judge paper claims on a suite's results (PASS / FAIL / INCONCLUSIVE)",
         description="Read a claim file (TOML, docs/claims.md: [[claim]] tables with id, source, statement, setting, "
                     "metric (a summary.csv column), method, baseline, relation (ratio_le, ratio_ge, diff_le, "
-                    "diff_ge) and value) and judge each claim on SUITE_DIR's runs: the method's and the baseline's "
-                    "runs are paired by workload, network and seed, and the ratio of their means (or the mean of "
-                    "their differences) gets a 95% paired bootstrap interval. PASS when the whole interval "
-                    "satisfies the relation, FAIL when the whole interval violates it, INCONCLUSIVE otherwise, "
-                    "with fewer than 3 paired seeds, or for a time judged on runs starved of CPU (noisy). Prints the "
-                    "verdicts and writes SUITE_DIR/report/claims.csv.",
+                    "diff_ge, absdiff_le) and value; optional kind (evidence, design, cluster: a cluster claim "
+                    "gives its why) and requires (controls that must PASS)) and judge each claim on SUITE_DIR's "
+                    "runs: the method's and the baseline's runs are paired by workload, network and seed, and the "
+                    "ratio of their means (or the mean of their differences) gets a 95% paired bootstrap "
+                    "interval over the pairs where both reached the target. A run that missed it has a time "
+                    "censored at its train time: PASS needs the relation to hold with every censored time at its "
+                    "worst, FAIL needs it broken at its best. PASS when the whole interval satisfies the relation, "
+                    "FAIL when the whole interval violates it, INCONCLUSIVE otherwise, with fewer than 3 paired "
+                    "seeds, for a time judged on runs starved of CPU (noisy), or for a PASS whose required "
+                    "controls did not PASS. Prints the verdicts (evidence, design checks and claims that need a "
+                    "cluster apart) and writes SUITE_DIR/report/claims.csv.",
         epilog=EPILOG)
     claims.add_argument("suite_dir", type=Path, help="a suite's results folder, e.g. results/smoke")
     claims.add_argument("claims_file", type=Path, metavar="CLAIMS.toml",

@@ -158,7 +158,7 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
                              f'<p class="warning"><b>Corrupt records.</b> {html_escape(dropped)}.</p>\n' if dropped
                              else ""],
                             rankings=rankings.rankings_html(ranked, base_of, interval), interval=interval,
-                            readings=readings)
+                            readings=readings, setups=page.label_setups([run.spec for run in runs]))
     index = out_dir / "index.html"
     index.write_text(html, encoding="utf-8")
     return index

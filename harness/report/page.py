@@ -10,6 +10,7 @@ import pandas as pd
 
 from harness.report import stats
 from harness.report.tables import AGGREGATED, SHOWN
+from harness.suite.spec import compact
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1400px; }
@@ -23,6 +24,7 @@ th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
 .plots img { max-width: 100%; height: auto; border: 1px solid #eee; display: block; }
 .plots figure { max-width: 100%; } figcaption { font-size: 0.85em; color: #444; max-width: 1000px; }
 .scroll { max-width: 100%; overflow-x: auto; } .verdict { font-weight: bold; }
+.setup { text-decoration: underline dotted; cursor: help; }
 .failure { color: #a00; } .warning { background: #fff4d6; border-left: 4px solid #e0a000; padding: 0.4em 0.8em; }
 .PASS { color: #060; font-weight: bold; } .FAIL { color: #a00; font-weight: bold; } .INCONCLUSIVE { color: #666; }
 """
@@ -92,9 +94,44 @@ def aggregate_display(aggregates: pd.DataFrame, reading: str = "accuracy") -> pd
         shown["noisy runs"] = aggregates["noisy"]
     return shown
 
-def per_label_tables(aggregates: pd.DataFrame, readings: dict[str, str]) -> str:
+def setup_text(spec: dict) -> str:
+    """What a run is, in full, for a label's tooltip: method, world size, workload options and every param."""
+    def listed(values: object) -> str:
+        return ", ".join(f"{k}={compact(v)}" for k, v in sorted(values.items())) if isinstance(values, dict) else ""
+
+    text = f"{spec.get('method')} x{spec.get('world_size')} on {spec.get('workload')}"
+    options = listed(spec.get("workload_options"))
+    return text + (f" ({options})" if options else "") + f"; params: {listed(spec.get('params')) or 'none'}"
+
+
+def label_setups(specs: Sequence[dict]) -> dict[tuple[str, str], str]:
+    """{(workload, label): setup_text of its first run}: the full params a short label leaves out."""
+    out: dict[tuple[str, str], str] = {}
+    for spec in specs:
+        key = (str(spec.get("workload")), str(spec.get("label") or spec.get("method")))
+        out.setdefault(key, setup_text(spec))
+    return out
+
+
+def with_tooltips(shown: pd.DataFrame, setups: dict[tuple[str, str], str]) -> str:
+    """table_html of `shown` (a workload and a label column), each label cell carrying its run's full setup as a
+    tooltip (a title attribute; every cell still escaped)."""
+    cells = shown.copy()
+    for column in cells.columns:
+        cells[column] = [html.escape(v) if isinstance(v, str) else v for v in cells[column]]
+    cells["label"] = [
+        f'<span class="setup" title="{html.escape(setups[key])}">{html.escape(key[1])}</span>'
+        if key in setups else html.escape(key[1])
+        for key in zip(shown["workload"].astype(str), shown["label"].astype(str), strict=True)]
+    return '<div class="scroll">' + cells.to_html(index=False, escape=False, na_rep="", border=0,
+                                                  float_format=number_text) + "</div>\n"
+
+
+def per_label_tables(aggregates: pd.DataFrame, readings: dict[str, str],
+                     setups: dict[tuple[str, str], str] | None = None) -> str:
     """The per-label table: one for the workloads read by accuracy and one for those read by held-out loss (each
-    under a heading when the suite has both), so no language model shows an accuracy column."""
+    under a heading when the suite has both), so no language model shows an accuracy column. `setups` (label_setups)
+    gives each label cell its run's full params as a tooltip."""
     kinds = aggregates["workload"].astype(str).map(readings).fillna("accuracy")
     parts = []
     for reading, heading in (("accuracy", "Read by accuracy"), ("loss", "Read by held-out loss (language models)")):
@@ -103,7 +140,7 @@ def per_label_tables(aggregates: pd.DataFrame, readings: dict[str, str]) -> str:
             continue
         if kinds.nunique() > 1:
             parts.append(f"<h3>{html.escape(heading)}</h3>\n")
-        parts.append(table_html(aggregate_display(rows, reading)))
+        parts.append(with_tooltips(aggregate_display(rows, reading), setups or {}))
     return "".join(parts)
 
 
@@ -166,7 +203,8 @@ def failures_html(failed: pd.DataFrame) -> str:
 def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.DataFrame,
                 failed: pd.DataFrame, figures: str, scope: str, sections: Sequence[str] = (),
                 baseline: tuple[str, str] | None = None, warnings: Sequence[str] = (), rankings: str = "",
-                interval: str = stats.CI_WORDS, readings: dict[str, str] | None = None) -> str:
+                interval: str = stats.CI_WORDS, readings: dict[str, str] | None = None,
+                setups: dict[tuple[str, str], str] | None = None) -> str:
     """What the page shows -> one self-contained HTML page (inline CSS, images as data: URIs, no links).
 
     `figures`: the Plots section's figures as HTML (plots.figures_html).
@@ -176,6 +214,7 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
     `rankings`: the Rankings section (rankings.rankings_html), placed before every other table.
     `interval`: what the intervals are (stats.interval_words): every sentence that names them says so.
     `readings`: {workload: 'accuracy' | 'loss'} (tables.readings): the per-label table has one part per reading.
+    `setups`: {(workload, label): its full setup} (label_setups), the label cells' tooltips.
     """
     ci = "95% bootstrap interval" if interval == stats.CI_WORDS else interval
     e = html.escape
@@ -196,8 +235,9 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
 {rankings}<section id="per-label">
 <h2>Per label (mean over seeds)</h2>
 <p>One row per workload and label, in the order of the rankings. Each cell is the mean [{e(ci)}]; n
-counts the runs with a value. {e(scope)}</p>
-{per_label_tables(aggregates, readings or {})}</section>
+counts the runs with a value. {e(scope)} A label names what sets its runs apart from the method's other runs on the
+workload; hover over it for the full params.</p>
+{per_label_tables(aggregates, readings or {}, setups)}</section>
 {"".join(sections)}<h2 id="plots">Plots</h2>
 <p>Bands and error bars are the same intervals of the mean over seeds ({e(ci)}). Each label has its own colour
 (hues grouped by family: reference, data-parallel, compressed, pipeline, local) and keeps it in every plot; plots

@@ -1,95 +1,20 @@
-"""Suite files: the pydantic schema over the TOML contract and its expansion into fully resolved run specs."""
+"""Suite files expanded: every run of a suite file validated and resolved into run specs, one per seed."""
 
 from __future__ import annotations
 
 import fnmatch
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from harness import registry
-from harness.budget import Budget
 from harness.net.spec import NetworkSpec
-from harness.suite.files import FileError, first_error, load_toml
+from harness.suite.files import FileError, first_error
 from harness.suite.groups import PlacedRun, check_baseline, placed_runs
-from harness.suite.spec import MAX_NAME, SAFE_NAME, Allocator, RunSpec, compact, default_threads, make_run_id
-
-#: A seed: numpy's seed range (np.random.seed takes 0 <= seed < 2**32).
-Seed = Annotated[int, Field(ge=0, lt=2**32)]
-
-
-class RunEntry(BaseModel):
-    """One `[[run]]` table of a suite file."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)  # strict: world_size = "2" is an error, as in Budget
-
-    method: str
-    world_size: int = Field(default=1, ge=1)
-    workload: str | None = None
-    workload_options: dict[str, Any] = Field(default_factory=dict)
-    params: dict[str, Any] = Field(default_factory=dict)
-    label: str | None = None
-    threads_per_rank: int | list[int] | None = Field(default=None, description="one count for every rank, or one "
-                                                     "per rank (a heterogeneous set-up)")
-    cpus_per_rank: list[list[int]] | None = Field(default=None, description="the CPUs each rank may run on (local "
-                                                  "launcher), e.g. [[0], [1], [1]]: two ranks share a core")
-    budget: Budget | None = None
-    nodes: int | None = Field(default=None, ge=1)
-    hang_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
-    allocator: Allocator | None = None
-    network: NetworkSpec | None = None
-
-
-class GroupEntry(BaseModel):
-    """One `[[group]]` table of a suite file: runs that share a workload, its options, a budget and defaults."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    workload: str
-    workload_options: dict[str, Any] = Field(default_factory=dict, description="under each run's own")
-    budget: Budget | None = Field(default=None, description="over the suite's [budget], under each run's own")
-    defaults: dict[str, Any] = Field(default_factory=dict, description="over the suite's [defaults], under each "
-                                     "run's params")
-    baseline: str | None = Field(default=None, description="the label or method of one of the group's runs that "
-                                 "the others are compared against")
-    run: list[RunEntry] = Field(min_length=1)
-
-
-class SuiteFile(BaseModel):
-    """The top level of a suite file (see docs/suites.md)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    name: str = Field(pattern=SAFE_NAME, max_length=MAX_NAME)
-    workload: str | None = Field(default=None, description="the workload of every top-level [[run]] that names "
-                                 "none; required when one does not")
-    workload_options: dict[str, Any] = Field(default_factory=dict)
-    seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1)
-    budget: Budget = Field(default_factory=Budget)
-    defaults: dict[str, Any] = Field(default_factory=dict)
-    threads_per_rank: int | None = Field(default=None, ge=1)
-    deterministic: bool = True
-    log_every_steps: int = Field(default=1, ge=1)
-    checkpoint_every_steps: int | None = Field(default=None, ge=1)
-    hang_timeout_s: float = Field(default=60.0, gt=0, allow_inf_nan=False, strict=True,
-                                  description="seconds a run's ranks may make no progress before it is torn "
-                                  "down and failed (docs/suites.md)")
-    allocator: Allocator = Field(default="retain", description="the ranks' malloc policy: 'retain' keeps freed "
-                                 "memory mapped for the next step, 'system' leaves the C library's defaults")
-    nodes: int = Field(default=1, ge=1, description="SLURM nodes per run; world_size / nodes tasks on each")
-    data_root: str | None = None
-    network: NetworkSpec | None = None
-    baseline: str | None = Field(default=None, description="the label or method of one of the top-level runs "
-                                 "that the others are compared against")
-    run: list[RunEntry] = Field(default_factory=list, description="at least one run in all, here or in groups")
-    group: list[GroupEntry] = Field(default_factory=list)
-
-
-def load_suite_file(path: str | Path) -> tuple[SuiteFile, dict[str, Any]]:
-    """Parse and validate the top level of a suite file. Raises FileError with one line."""
-    return load_toml(path, SuiteFile, "suite file")
-
+from harness.suite.labels import LabelInputs, default_labels
+from harness.suite.schema import GroupEntry, RunEntry, SuiteFile, load_suite_file  # noqa: F401 (re-exported)
+from harness.suite.spec import RunSpec, default_threads, make_run_id
 
 def _lookup(path: Path, field: str, kind: registry.Registry, name: str):
     """(object, entry) registered or referenced as `name`; FileError naming the field otherwise."""
@@ -115,8 +40,7 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
     elif suite.workload_options:
         raise FileError(f"{path}: workload_options: options of the suite's workload, but the suite names none")
     specs: list[RunSpec] = []
-    seen: dict[str, str] = {}
-    baselines: dict[str, list[tuple[str, str, set[str]]]] = {}  # 'baseline' or 'group[i].baseline' -> its runs
+    resolved: list[tuple[PlacedRun, Any, str, str, dict[str, Any]]] = []  # each run, before its label and seeds
     for placed in placed_runs(path, suite):
         entry, where = placed.entry, placed.where
         method_cls, method_entry = _lookup(path, f"{where}.method", registry.METHODS, entry.method)
@@ -180,31 +104,39 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
         if problem:
             raise FileError(f"{path}: {where}.{problem}")
         run_network = network or entry.network or suite.network
-        label = entry.label or default_label(entry, method_cls.name)
+        spec_fields = dict(
+            suite=suite.name, method=entry.method, family=method_cls.family, workload=workload_name,
+            workload_options=resolved_options, world_size=entry.world_size, params=params.model_dump(),
+            budget=budget, threads_per_rank=threads, cpus_per_rank=cpus, deterministic=suite.deterministic,
+            log_every_steps=suite.log_every_steps, checkpoint_every_steps=suite.checkpoint_every_steps,
+            hang_timeout_s=entry.hang_timeout_s or suite.hang_timeout_s, allocator=entry.allocator or suite.allocator,
+            nodes=nodes, data_root=suite.data_root, suite_file=str(path.resolve()), network=run_network,
+            method_origin=method_entry.origin, workload_origin=workload_entry.origin,
+            baseline=placed.group_entry.baseline if placed.group_entry is not None else suite.baseline)
+        resolved.append((placed, method_cls, method_entry.id_name, workload_entry.id_name, spec_fields))
+
+    optimizer = suite.defaults.get("optimizer")  # None: the most common among the suite's runs
+    labels = default_labels([label_inputs(cls.name, fields) for _p, cls, _m, _w, fields in resolved], optimizer)
+    baselines: dict[str, list[tuple[str, str, set[str]]]] = {}  # 'baseline' or 'group[i].baseline' -> its runs
+    seen: dict[str, str] = {}
+    for (placed, method_cls, method_id, workload_id, fields), default in zip(resolved, labels, strict=True):
+        entry, where = placed.entry, placed.where
+        label = entry.label or default
         baseline_field = f"{placed.group}.baseline" if placed.group_entry is not None else "baseline"
-        baseline = placed.group_entry.baseline if placed.group_entry is not None else suite.baseline
         names = {label, entry.method, method_cls.name}  # what a baseline may name: the label or the method
         baselines.setdefault(baseline_field, []).append((label, method_cls.name, names))
-        if run_network is not None:
-            label += f" @ {run_network.text}"
+        if fields["network"] is not None:
+            label += f" @ {fields['network'].text}"
         for seed in suite.seeds:
-            run_id = make_run_id(method_entry.id_name, workload_entry.id_name, entry.world_size, entry.params, seed,
-                                 entry.workload_options, entry.label, run_network)
+            run_id = make_run_id(method_id, workload_id, entry.world_size, entry.params, seed,
+                                 entry.workload_options, entry.label, fields["network"])
             if run_id in seen:
                 raise FileError(f"{path}: {where}: duplicates {seen[run_id]} (same method, workload, world size, "
                                 f"params, network and seed); give it a distinct label")
             seen[run_id] = where
-            specs.append(RunSpec(
-                suite=suite.name, run_id=run_id, label=label, method=entry.method,
-                family=method_cls.family, workload=workload_name, workload_options=resolved_options,
-                world_size=entry.world_size, seed=seed, params=params.model_dump(), budget=budget,
-                threads_per_rank=threads, cpus_per_rank=cpus, deterministic=suite.deterministic,
-                log_every_steps=suite.log_every_steps, checkpoint_every_steps=suite.checkpoint_every_steps,
-                hang_timeout_s=entry.hang_timeout_s or suite.hang_timeout_s,
-                allocator=entry.allocator or suite.allocator,
-                nodes=nodes, data_root=suite.data_root, suite_file=str(path.resolve()), network=run_network,
-                method_origin=method_entry.origin, workload_origin=workload_entry.origin, baseline=baseline,
-            ))
+            specs.append(RunSpec(run_id=run_id, label=label, seed=seed, **fields))
+    _check_labels(path, [(placed.where, fields["workload"], placed.entry.label or label, fields["network"])
+                         for (placed, *_rest, fields), label in zip(resolved, labels, strict=True)])
     check_baseline(path, "baseline", suite.baseline, baselines.get("baseline", []))
     for g, group in enumerate(suite.group):
         check_baseline(path, f"group[{g}].baseline", group.baseline, baselines[f"group[{g}].baseline"])
@@ -249,10 +181,29 @@ def rank_layout_problem(threads: int | list[int], cpus: list[list[int]] | None, 
     return None
 
 
-def default_label(entry: RunEntry, method_name: str | None = None) -> str:
-    """How a run group is named in reports: the method, its explicit params and world size."""
-    extra = " ".join(f"{k}={compact(v)}" for k, v in sorted(entry.params.items()))
-    return f"{method_name or entry.method}{' ' + extra if extra else ''} x{entry.world_size}"
+def label_inputs(method_name: str, fields: dict[str, Any]) -> LabelInputs:
+    """What may set a run (its RunSpec fields but label, id and seed) apart from its method's other runs: params,
+    workload options (named `options.<key>` where a param has the key), budget, layout and allocator."""
+    settings = dict(fields["params"])
+    for key, value in fields["workload_options"].items():
+        settings[f"options.{key}" if key in settings else key] = value
+    for key, value in fields["budget"].model_dump(exclude_none=True).items():
+        settings.setdefault(key, value)
+    settings.update(threads=fields["threads_per_rank"], cpus=fields["cpus_per_rank"], nodes=fields["nodes"],
+                    allocator=fields["allocator"])
+    return LabelInputs(method_name, fields["workload"], fields["world_size"], settings)
+
+
+def _check_labels(path: Path, runs: list[tuple[str, str, str, NetworkSpec | None]]) -> None:
+    """Each (where, workload, label, network) names a distinct run: two runs under one label on one workload and
+    network would be read by the report as seeds of one. Raises FileError naming the second run's label."""
+    first: dict[tuple[str, str, str | None], str] = {}
+    for where, workload, label, network in runs:
+        key = (workload, label, network.text if network is not None else None)
+        if key in first:
+            raise FileError(f"{path}: {where}.label: {label!r} also names {first[key]} on workload {workload!r}; "
+                            "give one of them a distinct label")
+        first[key] = where
 
 
 def check_spec(spec: RunSpec, path: str | Path) -> None:

@@ -10,7 +10,7 @@ from harness.suite.files import FileError
 
 if TYPE_CHECKING:
     from harness.budget import Budget
-    from harness.suite.expand import GroupEntry, RunEntry, SuiteFile
+    from harness.suite.schema import GroupEntry, RunEntry, SuiteFile
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from harness.net.spec import NetworkSpec
 #: What suite names and run ids match (both are folder names under --out), and their longest length.
 SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 MAX_NAME = 128
+#: The longest run id the suite makes (a folder name a person reads and types: the digest keeps it distinct).
+MAX_RUN_ID = 80
 
 #: The ranks' malloc policy (applied by harness/run/allocator.py). retain: glibc keeps what a step freed and the next
 #: step reuses those pages; system: glibc's defaults, left as is.
@@ -85,7 +87,8 @@ def make_run_id(method: str, workload: str, world_size: int, params: dict[str, A
 
     An emulated network adds `net<rate>` (and `lat<latency>`) before the seed; ids of runs without one are as they
     always were. Characters outside [A-Za-z0-9._-] become '_'. When that changed anything, or the id is longer than
-    120 characters, an 8-hex digest of the exact inputs is appended so that distinct runs keep distinct ids.
+    MAX_RUN_ID (80) characters, it is cut to 71 and an 8-hex digest of the exact inputs is appended, so that distinct
+    runs keep distinct ids and no id is longer than 80.
     """
     parts = [label or method, workload, f"w{world_size}"]
     parts += [f"{k}{compact(v)}" for k, v in sorted((workload_options or {}).items())]
@@ -95,12 +98,12 @@ def make_run_id(method: str, workload: str, world_size: int, params: dict[str, A
     parts.append(f"s{seed}")
     raw = "-".join(parts)
     safe = safe_name(raw).strip("._-") or "run"
-    if safe != raw or len(safe) > 120:
+    if safe != raw or len(safe) > MAX_RUN_ID:
         inputs: list[Any] = [method, workload, world_size, params, seed, workload_options, label]
         if network is not None:  # only then: the digests of runs without a network stay as they were
             inputs.append(network.text)
         digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:8]
-        safe = f"{safe[:110]}-{digest}"
+        safe = f"{safe[:MAX_RUN_ID - 9].rstrip('._-')}-{digest}"
     return safe
 
 
