@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from harness.report import build, tables
@@ -95,6 +97,16 @@ def test_a_workload_beside_it_keeps_its_accuracy(lm_suite: Path) -> None:
     assert "On digits-mlp, only ddp x2 ran: nothing to compare; it reached the target 0.9 in" in page  # no winner
     out = lm_suite / "report"
     assert (out / "accuracy_vs_epoch.png").exists() and (out / "heldout_loss_vs_time.png").exists()
+    # The robust comparisons read each workload by its own quality: the GPT labels by held-out loss (2.8 and 2.7
+    # at the end), the digits label by accuracy, and neither by the other's.
+    robust = pd.read_csv(out / "comparisons.csv").set_index("label")
+    assert robust.loc["sgd lm", "iqm_final_loss"] == pytest.approx(2.8)
+    assert math.isnan(robust.loc["sgd lm", "iqm_final_accuracy"])
+    assert robust.loc["ddp x2", "iqm_final_accuracy"] == pytest.approx(0.95)
+    assert math.isnan(robust.loc["ddp x2", "iqm_final_loss"])
+    comparisons = page[page.index("<h2>Robust comparisons</h2>"):]
+    comparisons = comparisons[:comparisons.index("<h2", 5)]
+    assert "IQM held-out loss" in comparisons and "0.25" not in comparisons  # the GPT's next-token accuracy
 
 
 def test_throughput_is_in_tokens_for_a_language_model(lm_suite: Path) -> None:

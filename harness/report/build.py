@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.report import (baselines, comparisons, figures, hygiene, network, page, pipeline, rankings, stats,
-                            tables)
+from harness.report import baselines, comparisons, figures, hygiene, network, page, pipeline, rankings, stats, tables
 from harness.report import plots as plots_module
 from harness.results import RunResult, load_suite
 
@@ -117,7 +116,7 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
              else "No run completed: aggregates and plots use every run.")
     used_table = table[table["state"] == "completed"] if completed else table
     has_target = any(tables.target_of(run.spec) is not None for run in used)
-    robust = comparisons.robust_table(used_table, base_of, has_target)
+    robust = comparisons.robust_table(used_table, base_of, has_target, readings)
     robust.to_csv(out_dir / "comparisons.csv", index=False)
     aggregates = rankings.in_rank_order(tables.aggregate(table, ("completed",) if completed else None), ranked)
     few_seeds = (page.fewest_runs(aggregates) or 0) < page.MIN_SEEDS

@@ -15,8 +15,12 @@ from harness.report import performance_profiles, stats
 from harness.report.network import method_label
 from harness.report.page import interval_text, number_text, table_html
 
-#: The metrics compared, each with its display name and whether higher is better.
-METRICS = {"final_accuracy": ("final accuracy", True), "time_to_target_s": ("time to target", False)}
+#: The metrics compared, each with its display name and whether higher is better. A workload read by accuracy has
+#: no held-out loss here, and a language model (read by its loss, tables.readings) no accuracy.
+METRICS = {"final_accuracy": ("final accuracy", True), "final_loss": ("held-out loss", False),
+           "time_to_target_s": ("time to target", False)}
+#: The final-quality metric of each reading; the other's values are left out of its workloads' rows.
+QUALITY = {"accuracy": "final_accuracy", "loss": "final_loss"}
 
 
 def with_keys(table: pd.DataFrame) -> pd.DataFrame:
@@ -38,8 +42,20 @@ def _by_stratum(rows: pd.DataFrame, metric: str, sign: float) -> dict[Any, np.nd
             for key, group in rows.groupby("stratum", sort=False)}
 
 
+def read_by(table: pd.DataFrame, readings: Mapping[str, str] | None) -> pd.DataFrame:
+    """table with each run's final quality only in its reading's column (QUALITY): a language model's final_accuracy
+    and an image classifier's final_loss become NaN, so neither is compared as the other's quality."""
+    kinds = table["workload"].astype(str).map(dict(readings or {})).fillna("accuracy")
+    out = table.copy()
+    for reading, metric in QUALITY.items():
+        if metric not in out.columns:
+            out[metric] = math.nan
+        out[metric] = pd.to_numeric(out[metric], errors="coerce").astype(float).where(kinds == reading)
+    return out
+
+
 def robust_table(table: pd.DataFrame, baseline: str | Mapping[str, str | None],
-                 has_target: bool = True) -> pd.DataFrame:
+                 has_target: bool = True, readings: Mapping[str, str] | None = None) -> pd.DataFrame:
     """summary (runs x columns) -> one row per label: label, runs, then for each METRICS m: iqm_m, iqm_m_low,
     iqm_m_high (rliable's IQM over the label's runs with the stratified bootstrap interval, strata = (workload,
     network)), poi_m, poi_m_low, poi_m_high (probability that a run of the label beats a run of `baseline`, a label
@@ -49,9 +65,10 @@ def robust_table(table: pd.DataFrame, baseline: str | Mapping[str, str | None],
 
     A missed target counts as an infinite time: it ranks slowest in the probability of improvement, and an IQM or
     interval end that it reaches is NaN (censored: not a number). Without a target (`has_target` False) the time
-    columns are NaN.
+    columns are NaN. `readings` ({workload: 'accuracy' | 'loss'}, tables.readings) says which final quality each
+    workload's runs are compared by (read_by); a workload it does not name is read by accuracy.
     """
-    data = with_keys(table)
+    data = with_keys(read_by(table, readings))
     def base_of(workload: object) -> str | None:
         return baseline.get(str(workload)) if isinstance(baseline, Mapping) else baseline
 
@@ -150,6 +167,8 @@ def comparisons_html(robust: pd.DataFrame, scores: pd.DataFrame | None, baseline
     probability of improvement and MLPerf columns, which say nothing then (page.small_sample_html says why)."""
     shown = pd.DataFrame({"workload": robust["workload"], "label": robust["label"], "runs": robust["runs"]})
     for metric, (name, _) in METRICS.items():
+        if metric in QUALITY.values() and robust[f"iqm_{metric}"].isna().all():
+            continue  # no workload read by it: no column
         shown[f"IQM {name}"] = [interval_text(r[f"iqm_{metric}"], r[f"iqm_{metric}_low"], r[f"iqm_{metric}_high"])
                                 for _, r in robust.iterrows()]
         if not few_seeds:

@@ -143,7 +143,8 @@ def plot_accuracy(curve_table: pd.DataFrame, x_label: str, target: float | None 
         ax.set_visible(False)
     legend_outside(fig, axes)
     where = f" on {keys[0]}" if len(keys) == 1 and keys[0] is not None else ""
-    fig.suptitle(f"{what} vs {x_label.split(' (')[0]}{where} (mean over seeds, {interval})")
+    x_name = x_label.split(" (")[0].removesuffix(" on")  # 'tokens trained on' + ' on shakespeare-gpt'
+    fig.suptitle(f"{what} vs {x_name}{where} (mean over seeds, {interval})")
     return fig
 
 def bar_panels(table: pd.DataFrame, value: str, styles: dict[str, Style] | None, width: float = 9.0,
