@@ -37,9 +37,9 @@ def breakdown(rank: int, world_size: int, schedule: str, steps: int, width: int 
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
     from harness.comm.communicator import Communicator
-    from methods.pipeline.core import schedules
     from methods.pipeline.core.executor import ProcessExecutor, Wire
     from methods.pipeline.core.placement import Placement, place
+    from methods.pipeline.flushed import schedules
 
     chunks = 2 if schedule == "interleaved" else 1
     stages = world_size * chunks

@@ -13,8 +13,8 @@ from torch.func import functional_call
 
 from _dist import context
 from harness.data.tensors import Batch, DataOrder
-from methods.pipeline.core.schedules import version_delays
-from methods.pipeline.core.spike import SpikeCompensatedSGD
+from methods.pipeline.apapo.schedule import version_delays
+from methods.pipeline.pb.spike import SpikeCompensatedSGD
 
 RESNET = {"depth": 8}
 

@@ -5,19 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from methods.pipeline.apapo.schedule import apapo, gate, segment, version_delay, version_delays, version_of
+from methods.pipeline.apapo.schedule import apapo_drain as drain
 from methods.pipeline.core.actions import Op, compute_order
 from methods.pipeline.core.interleaver import Interleaver, validate
 from methods.pipeline.core.placement import Placement, place
-from methods.pipeline.core.schedules import (
-    apapo,
-    gate,
-    one_f_one_b,
-    segment,
-    version_delay,
-    version_delays,
-    version_of,
-)
-from methods.pipeline.core.schedules import apapo_drain as drain
+from methods.pipeline.flushed.schedules import one_f_one_b
 
 CASES = [(s, m, k, rule) for s in (1, 2, 3, 4) for m in (1, 2, 3, 4, 5) for k in (1, 2, 3)
          for rule in ("uniform", "per_stage")]

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from test_claims import claim, claim_file, write_run
 
 from harness.claims.evaluate import evaluate_claims
 from harness.claims.model import load_claims
@@ -19,7 +20,6 @@ from harness.cli import main
 from harness.report import build, censored, tables
 from harness.report.rankings import rankings
 from harness.results import load_suite
-from test_claims import claim, claim_file, write_run
 
 REACHED, MISSED = 0.95, 0.5  # final accuracies either side of the fake suite's target 0.9
 

@@ -49,7 +49,8 @@ def test_the_check_finds_the_apapo_runs_and_fails_an_unpinned_one(tmp_path: Path
     suite.write_text('name = "s"\nworkload = "digits-resnet"\nseeds = [0]\n[budget]\nmax_epochs = 1\n'
                      '[[run]]\nmethod = "ddp"\nworld_size = 2\n'
                      '[[run]]\nmethod = "apapo"\nworld_size = 2\n'
-                     '[[run]]\nmethod = "apapo"\nlabel = "half"\nworld_size = 2\nparams = { rank_speeds = [1.0, 1.0] }\n')
+                     '[[run]]\nmethod = "apapo"\nlabel = "half"\nworld_size = 2\n'
+                     'params = { rank_speeds = [1.0, 1.0] }\n')
     claims = tmp_path / "s.claims.toml"
     text = ('[[claim]]\nid = "{id}"\nsource = "p"\nstatement = "s"\nsetting = "scaled-down"\n'
             'metric = "final_accuracy"\nmethod = "{m}"\nbaseline = "ddp"\nrelation = "diff_ge"\nvalue = -0.01\n')

@@ -12,10 +12,10 @@ from harness.data.tensors import Batch, DataOrder
 from methods.pipeline.core.actions import Op
 from methods.pipeline.core.interleaver import validate
 from methods.pipeline.core.placement import Placement
-from methods.pipeline.core.schedules import pb_delay, pb_tick
-from methods.pipeline.core.spike import SpikeCompensatedSGD, spike_coefficients
-from methods.pipeline.core.versions import Predicted
 from methods.pipeline.pb.pb import scaled_hyperparameters
+from methods.pipeline.pb.prediction import Predicted
+from methods.pipeline.pb.schedule import pb_delay, pb_tick
+from methods.pipeline.pb.spike import SpikeCompensatedSGD, spike_coefficients
 
 
 def _make(params, rank=0, world_size=1, workload="digits-mlp", records=None):

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from methods.pipeline.core.stage import Stage
-from methods.pipeline.core.versions import Predicted
+from methods.pipeline.pb.prediction import Predicted
 
 
 def _stage(mode: str, module: nn.Module) -> Stage:

@@ -9,15 +9,8 @@ import pytest
 from methods.pipeline.core.actions import Action, Op, compute_order
 from methods.pipeline.core.interleaver import Deadlock, Interleaver, validate
 from methods.pipeline.core.placement import Placement, place
-from methods.pipeline.core.schedules import (
-    gpipe,
-    interleaved_1f1b,
-    one_f_one_b,
-    pipedream,
-    pipedream_delay,
-    pipedream_drain,
-    pipedream_tick,
-)
+from methods.pipeline.flushed.schedules import gpipe, interleaved_1f1b, one_f_one_b
+from methods.pipeline.pipedream.schedule import pipedream, pipedream_delay, pipedream_drain, pipedream_tick
 
 CASES = [(1, 1), (1, 3), (2, 1), (2, 4), (3, 3), (3, 8), (4, 4), (4, 9), (5, 2)]
 

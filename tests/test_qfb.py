@@ -12,7 +12,7 @@ from harness.data.tensors import Batch, DataOrder
 from methods.pipeline.core.actions import compute_order
 from methods.pipeline.core.interleaver import validate
 from methods.pipeline.core.placement import Placement
-from methods.pipeline.core.schedules import qfb_drain, qfb_tick
+from methods.pipeline.qfb.schedule import qfb_drain, qfb_tick
 
 OFF = {"activation_codec": "none", "gradient_codec": "none"}
 

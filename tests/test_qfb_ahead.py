@@ -15,10 +15,10 @@ from harness.data.tensors import Batch, DataOrder
 from methods.pipeline.core.actions import Op, compute_order
 from methods.pipeline.core.interleaver import validate
 from methods.pipeline.core.placement import Placement
-from methods.pipeline.core.schedules import ahead_lead, ahead_version, qfb_ahead_drain, qfb_ahead_tick
 from methods.pipeline.core.views import split_sizes
 from methods.pipeline.qfb.ahead import AheadVersions
 from methods.pipeline.qfb.piecewise import Piecewise
+from methods.pipeline.qfb.schedule import ahead_lead, ahead_version, qfb_ahead_drain, qfb_ahead_tick
 
 
 def _whole_run(stage, stages, micro, windows, buffer):

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+from test_report_lm import write_lm_run
 
 from harness.report import build
 from harness.report.baselines import Baseline, workload_baselines
 from harness.results import RunResult
-from test_report_lm import write_lm_run
 
 
 def table(*rows: tuple[str, str, str]) -> pd.DataFrame:

@@ -12,7 +12,7 @@ import pytest
 from harness.trace import TraceEvent
 from harness.trace_export import chrome_trace
 from methods.pipeline.core.actions import SHORT
-from methods.pipeline.core.schedules import interleaved_1f1b
+from methods.pipeline.flushed.schedules import interleaved_1f1b
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
 

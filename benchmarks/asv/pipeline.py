@@ -19,7 +19,7 @@ class Schedules:
     param_names = ["schedule", "stages x microbatches"]
 
     def time_generate(self, name: str, size: tuple[int, int]) -> None:
-        from methods.pipeline.core import schedules as schedule
+        from methods.pipeline.flushed import schedules as schedule
 
         make = {"gpipe": schedule.gpipe, "1f1b": schedule.one_f_one_b, "pipedream": schedule.pipedream,
                 "interleaved": lambda s, m: schedule.interleaved_1f1b(s // 2, 2, m)}[name]

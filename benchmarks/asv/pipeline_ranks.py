@@ -78,9 +78,9 @@ def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, 
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     from harness.comm.communicator import Communicator
-    from methods.pipeline.core import schedules
     from methods.pipeline.core.executor import ProcessExecutor, Wire
     from methods.pipeline.core.placement import Placement, place
+    from methods.pipeline.flushed import schedules
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, width, generator=g)
     y = torch.randint(0, width, (batch,), generator=g)

@@ -314,17 +314,17 @@ def rankings_html(ranked: pd.DataFrame, baseline: Baselines, interval: str = sta
     3 runs a label (`interval`, stats.interval_words, is not a CI), a sentence that the order is not significant."""
     e = html.escape
     parts = ['<section id="rankings">\n<h2>Rankings</h2>\n',
-             f"<p>Per workload and network, the labels ordered by time to target (the mean over the completed runs "
-             f"that reached it; labels that reached it on every run first, then those that reached it on some, by "
-             f"the share), then by final accuracy. Speed-up: the workload's baseline's mean time to target "
-             f"over the label's, paired by seed, with its paired bootstrap interval; given only when both reached the "
-             f"target on every shared seed, or, where one side missed it on some seed, the bound (≥ or ≤) that the "
-             f"missed run's train time gives, when that bound says which is faster. A workload whose runs set no "
-             f"target (or different ones) ranks by final accuracy (a language model by its held-out loss, lowest "
-             f"first), with no time to target and no speed-up. A language model's table leads with held-out loss "
-             f"and perplexity, and has no accuracy column. Each workload has its own baseline, named in its "
-             f"speed-up column (the suite's for that workload, else its first ddp run); a workload with one label "
-             f"has nothing to compare, and names no winner.</p>\n"]
+             "<p>Per workload and network, the labels ordered by time to target (the mean over the completed runs "
+             "that reached it; labels that reached it on every run first, then those that reached it on some, by "
+             "the share), then by final accuracy. Speed-up: the workload's baseline's mean time to target "
+             "over the label's, paired by seed, with its paired bootstrap interval; given only when both reached the "
+             "target on every shared seed, or, where one side missed it on some seed, the bound (≥ or ≤) that the "
+             "missed run's train time gives, when that bound says which is faster. A workload whose runs set no "
+             "target (or different ones) ranks by final accuracy (a language model by its held-out loss, lowest "
+             "first), with no time to target and no speed-up. A language model's table leads with held-out loss "
+             "and perplexity, and has no accuracy column. Each workload has its own baseline, named in its "
+             "speed-up column (the suite's for that workload, else its first ddp run); a workload with one label "
+             "has nothing to compare, and names no winner.</p>\n"]
     if interval != stats.CI_WORDS:
         parts.append(f'<p class="warning"><b>Not significant.</b> Some labels have fewer than '
                      f"{stats.MIN_INTERVAL_RUNS} runs ({e(interval)}): the order below is what these runs gave, not "

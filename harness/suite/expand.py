@@ -16,6 +16,7 @@ from harness.suite.labels import LabelInputs, default_labels
 from harness.suite.schema import GroupEntry, RunEntry, SuiteFile, load_suite_file  # noqa: F401 (re-exported)
 from harness.suite.spec import RunSpec, default_threads, make_run_id
 
+
 def _lookup(path: Path, field: str, kind: registry.Registry, name: str):
     """(object, entry) registered or referenced as `name`; FileError naming the field otherwise."""
     try:

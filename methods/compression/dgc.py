@@ -300,7 +300,8 @@ of n elements (as its DDP bucket's gradient is ready):
     Readings. Clipping is by the norm of each DDP bucket's gradient: the rank's whole gradient (the paper's sum of
     squares) when the model fits one bucket (1 MiB first, as torch's DDP makes it; the GPT of suites/lm.toml does),
     so that c / sqrt(N) locally matches a baseline that clips the averaged gradient's global norm at c, as the
-    paper intends (the reference implementation clips per tensor; so did this one until issue 37). Weight decay joins g after clipping
+    paper intends (the reference implementation clips per tensor; so did this one until issue 37).
+    Weight decay joins g after clipping
     and before the momentum, so it is sparsified with g (the reference's optimizer instead keeps a separate dense
     momentum for the decay term). Padding entries are counted in the payload bytes: they are on the wire.
     Train records gain `density` and `kept_fraction` (sparse payload slots that carried a value).

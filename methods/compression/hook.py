@@ -15,7 +15,8 @@ from methods.compression.stats import CompressionStats
 class CompressionHook:
     """A DDP communication hook over a compressor and a memory, with every byte through the Communicator.
 
-    For each bucket: memory.prepare(the bucket's gradients); per parameter, g <- memory.compensate(g); c <- compressor.compress(g); memory.update(g, c).
+    For each bucket: memory.prepare(the bucket's gradients); per parameter, g <- memory.compensate(g);
+    c <- compressor.compress(g); memory.update(g, c).
     If the compressor's payloads sum (`sums`), they are concatenated in their own dtype and all-reduced, then
     decompressed once. Otherwise the bucket's payloads travel as one flat byte buffer, all-gathered (every rank's
     layout is the same, so no padding or size exchange is needed), and every rank decompresses every rank's

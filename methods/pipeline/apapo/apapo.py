@@ -16,10 +16,11 @@ from harness.method import RunContext, StepStats
 from harness.toolkit import uniform_split
 from methods.blocks import VIRTUAL_DEFAULT_PARTS, too_few
 from methods.pipeline.apapo import antichain, layers
+from methods.pipeline.apapo import schedule as schedules
 from methods.pipeline.apapo.graph import LayerGraph
 from methods.pipeline.apapo.hardware import hardware_for
 from methods.pipeline.apapo.plan import LayerPlan, agree
-from methods.pipeline.core import schedules
+from methods.pipeline.apapo.weights import DoubleBuffered
 from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.block_profile import profiles_to_dicts
@@ -28,8 +29,9 @@ from methods.pipeline.core.overlap import ArrivalWatch, overlap_summary, read_re
 from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import Placement, place
 from methods.pipeline.core.planning import Plan
-from methods.pipeline.core.spike import SpikeCompensatedSGD
-from methods.pipeline.core.versions import NO_VELOCITY, DoubleBuffered, WeightPolicy
+from methods.pipeline.core.versions import WeightPolicy
+from methods.pipeline.pb.prediction import NO_VELOCITY
+from methods.pipeline.pb.spike import SpikeCompensatedSGD
 
 
 class APapoParams(PipelineParams):
@@ -102,7 +104,7 @@ class APapo(PipelineMethod):
        nested ones, and each stage gets a group of ranks (replicated where it pays) so that the slowest stage or
        boundary transfer is smallest, with every rank's measured speed and every link's measured bandwidth. A stage
        may receive several tensors (a skip connection crossing the cut): they travel as one flat payload.
-    2. Schedule (schedules.py): iteration t is M microbatches and one update per stage. Stages run 1F1B over
+    2. Schedule (schedule.py): iteration t is M microbatches and one update per stage. Stages run 1F1B over
        the stream of microbatches without flushing, so K = iterations_in_flight iterations overlap; the forward
        and the backward of iteration t on stage s use weight version t - D_s. With `delays = "per_stage"` (the
        default) D_s = min(K - 1, ceil((S - 1 - s) / M)): each stage only as stale as its place in 1F1B needs, the

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from methods.pipeline.core import schedules as schedule
+from methods.pipeline.flushed import schedules as schedule
 from methods.pipeline.flushed.base import ExchangedPipeline
 
 

@@ -15,10 +15,11 @@ from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.executor import Microbatches, Sizes
 from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import place
-from methods.pipeline.core.schedules import pb_delay, pb_tick
-from methods.pipeline.core.spike import SpikeCompensatedSGD
 from methods.pipeline.core.stage import BackwardMode
-from methods.pipeline.core.versions import NO_VELOCITY, Predicted, WeightPolicy
+from methods.pipeline.core.versions import WeightPolicy
+from methods.pipeline.pb.prediction import NO_VELOCITY, Predicted
+from methods.pipeline.pb.schedule import pb_delay, pb_tick
+from methods.pipeline.pb.spike import SpikeCompensatedSGD
 
 
 def scaled_hyperparameters(lr: float, momentum: float, batch: int, reference_batch: int) -> tuple[float, float]:

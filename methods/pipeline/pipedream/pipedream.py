@@ -16,8 +16,9 @@ from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import place
-from methods.pipeline.core.schedules import pipedream_delay, pipedream_drain, pipedream_tick
-from methods.pipeline.core.versions import Stashed, WeightPolicy
+from methods.pipeline.core.versions import WeightPolicy
+from methods.pipeline.pipedream.schedule import pipedream_delay, pipedream_drain, pipedream_tick
+from methods.pipeline.pipedream.weights import Stashed
 
 
 class PipeDreamParams(PipelineParams):

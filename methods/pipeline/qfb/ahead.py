@@ -6,13 +6,13 @@ import threading
 
 from torch import nn
 
-from methods.pipeline.core.schedules import ahead_version
 from methods.pipeline.core.versions import WeightPolicy, Weights
+from methods.pipeline.qfb.schedule import ahead_version
 
 
 class AheadVersions(WeightPolicy):
     """The weights of a stage whose forward lane runs `lead` microbatches ahead of its backward lane, with an update
-    after every M backwards (methods/pipeline/core/schedules.py, qfb_ahead_tick).
+    after every M backwards (methods/pipeline/qfb/schedule.py, qfb_ahead_tick).
 
     The forward of microbatch n (n = window·M + mb, counted over the run) uses version v(n) = ahead_version(n, lead,
     M), the updates that come before it in the stage's list, whichever lane runs first: the forward waits until v(n)

@@ -17,12 +17,13 @@ from methods.pipeline.core.codecs import Codec, make_codec
 from methods.pipeline.core.interleaver import validate
 from methods.pipeline.core.params import CodecName, PipelineParams
 from methods.pipeline.core.placement import place
-from methods.pipeline.core.schedules import Sync, ahead_lead, qfb_ahead_drain, qfb_ahead_tick, qfb_drain, qfb_tick
-from methods.pipeline.core.versions import Live, OneVersionBehind, WeightPolicy
+from methods.pipeline.core.versions import Live, WeightPolicy
 from methods.pipeline.qfb.ahead import AheadVersions
 from methods.pipeline.qfb.lanes import LabelledLanes, LaneExecutor, LaneStage, SingleRankLanes
 from methods.pipeline.qfb.piecewise import Piecewise
+from methods.pipeline.qfb.schedule import Sync, ahead_lead, qfb_ahead_drain, qfb_ahead_tick, qfb_drain, qfb_tick
 from methods.pipeline.qfb.two_step import TwoStep
+from methods.pipeline.qfb.weights import OneVersionBehind
 
 #: sync = "ahead": the prototype's buffer in its 3-node Tianhe run (ours/final_result.md, "fbp3": buffer_size 5).
 DEFAULT_BUFFER = 5

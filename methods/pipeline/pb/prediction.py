@@ -1,0 +1,89 @@
+"""Linear Weight Prediction (Kosson et al., MLSys 2021): a forward runs on the weights predicted for its backward."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+from methods.pipeline.core.versions import WeightPolicy, Weights
+
+# backward comes, D updates later; optionally a stash of them for the backward.
+Prediction = Literal["none", "lwp_v", "lwp_w"]
+
+
+#: Why a params model refuses lwp_v without momentum (PB's and APapo's validators).
+NO_VELOCITY = ("prediction = 'lwp_v' predicts with the velocity, and momentum 0 keeps none, so it would predict "
+               "nothing: set momentum > 0 or prediction = 'none'")
+
+
+def predict_by_velocity(weights: torch.Tensor, velocity: torch.Tensor | None, lr: float, delay: int) -> torch.Tensor:
+    """lwp_v: w - lr·D·v. Momentum SGD moves the weights by -lr·v per step; D steps of the current velocity."""
+    return weights.detach().clone() if velocity is None else weights.detach() - (lr * delay) * velocity
+
+
+def predicted_by_velocity(params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer, delay: int
+                          ) -> Weights:
+    """lwp_v on every parameter, detached: the velocity from the optimizer's state ('momentum_buffer', as torch's SGD
+    and SpikeCompensatedSGD keep it; none yet: the weights as they are) and the lr of its first parameter group."""
+    lr = optimizer.param_groups[0]["lr"]
+    return {name: predict_by_velocity(p, optimizer.state.get(p, {}).get("momentum_buffer"), lr, delay)
+            for name, p in params.items()}
+
+
+def predict_by_difference(weights: torch.Tensor, previous: torch.Tensor | None, delay: int) -> torch.Tensor:
+    """lwp_w: w + D·(w - w_prev). The last update, repeated D times."""
+    return weights.detach().clone() if previous is None else weights.detach() + delay * (weights.detach() - previous)
+
+
+class Predicted(WeightPolicy):
+    """A stage's forwards run on weights predicted `delay` updates ahead (when prediction is not 'none' and delay > 0),
+    or on the live weights. With `stash`, the forward's weights (predicted, or a copy of the live ones) are kept for
+    its backward, which differentiates them (the stage's `graph` mode); without, the stage's backward recomputes with
+    the weights current at backward time (`current` mode) and nothing is kept.
+
+    lwp_v reads the velocity from the stage optimizer's state ('momentum_buffer', as torch's SGD and
+    SpikeCompensatedSGD keep it) and the lr of its first parameter group; lwp_w keeps the weights before the last
+    update. Under plain momentum SGD the two are equal (w - w_prev = -lr·v); under spike compensation they differ
+    (the last update also carries b·g)."""
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, delay: int, prediction: Prediction,
+                 stash: bool):
+        super().__init__(module)
+        self.optimizer, self.delay, self.prediction, self.stash = optimizer, delay, prediction, stash
+        self._params = dict(module.named_parameters())
+        self._previous: dict[str, torch.Tensor] | None = None
+        self._kept: dict[int, Weights] = {}  # mb -> the weights its forward used (stash only)
+
+    def predicted(self) -> Weights:
+        """The weights predicted `delay` updates ahead, as detached tensors."""
+        if self.prediction == "lwp_v":
+            return predicted_by_velocity(self._params, self.optimizer, self.delay)
+        previous = self._previous or {}
+        return {name: predict_by_difference(p, previous.get(name), self.delay) for name, p in self._params.items()}
+
+    def forward(self, mb: int) -> tuple[int, Weights | None]:
+        if self.prediction != "none" and self.delay > 0:
+            weights = self.predicted()
+        elif self.stash and self.delay > 0:
+            weights = {name: p.detach().clone() for name, p in self._params.items()}
+        else:
+            return self.version, None
+        weights = {name: w.requires_grad_(self._params[name].requires_grad) for name, w in weights.items()}
+        if self.stash:
+            self._kept[mb] = weights
+        return self.version, weights
+
+    def backward_done(self, mb: int) -> None:
+        self._kept.pop(mb, None)
+
+    def before_update(self) -> None:
+        if self.prediction == "lwp_w":
+            self._previous = {name: p.detach().clone() for name, p in self._params.items()}
+
+    def held(self) -> int:
+        return len(self._kept) + (self._previous is not None)
+
+    def needs_stash(self) -> bool:
+        return self.stash and self.delay > 0
