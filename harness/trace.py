@@ -44,11 +44,20 @@ class ScheduledAction(Protocol):
 
 @dataclass(frozen=True)
 class StepSchedule:
-    """One step of a pipeline's schedule in its steady state, one action list per rank (one stage each), exactly as
-    its executor runs it; the next step's microbatch ids are these plus `shift` (an update keeps none)."""
+    """One step of a pipeline's schedule in its steady state, one action list per rank, exactly as its executor runs
+    it; the next step's microbatch ids are these plus `shift` (an update keeps none), its iteration ids these plus
+    `iteration_shift` (a schedule that names its microbatches per iteration, or keeps several in flight).
+    `stages`: the model stages the actions name when a rank holds several (interleaved 1F1B); None: one per rank."""
 
     ranks: Sequence[Sequence[ScheduledAction]]
     shift: int
+    iteration_shift: int = 0
+    stages: int | None = None
+
+    @property
+    def stage_count(self) -> int:
+        """How many model stages the step's actions run on."""
+        return self.stages if self.stages is not None else len(self.ranks)
 
 
 class TraceEvent(NamedTuple):

@@ -204,8 +204,8 @@ def test_the_verb_writes_projection_and_validation_files(suite, capsys):
     assert main(["project", str(suite), "--world-sizes", "2,8", "--network", "1gbit,10gbit", "--validate"]) == 0
     report = suite / "report"
     table = pd.read_csv(report / "projection.csv")
-    assert list(table.columns[:7]) == ["method", "label", "world_size", "network", "batch_size", "step_time_s",
-                                       "samples_per_s"]
+    assert list(table.columns[:8]) == ["method", "workload", "label", "world_size", "network", "batch_size",
+                                       "step_time_s", "samples_per_s"]
     assert {"time_to_target_s", "compute_s", "compression_s", "exposed_comm_s", "bubble_s"} <= set(table.columns)
     assert set(table["network"]) == {"1gbit", "10gbit"}
     for name in ("projection.png", "projection_validation.png", "projection_validation.csv"):

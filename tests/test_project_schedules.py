@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from _dist import context
-from harness.project.pipemodel import StageCosts, pipeline_tasks
+from harness.project.pipemodel import FREE, StageCosts, pipeline_tasks
 from harness.trace import message_key
 from methods.pipeline.core.interleaver import message_of
 
@@ -14,29 +14,90 @@ COSTS = StageCosts(1.0, 2.0, 0.5, 0.1, 10.0)
 STEPS = 3
 
 
+def pipeline_methods() -> list[str]:
+    """Every registered pipeline method (an alias of one counts once)."""
+    from harness import registry
+
+    seen, names = set(), []
+    for name in registry.METHODS.names():
+        cls = registry.METHODS.get(name)
+        if getattr(cls, "family", None) == "pipeline" and cls not in seen:
+            seen.add(cls)
+            names.append(name)
+    return names
+
+
+def _first_step(name: str, stages: int, microbatches: int) -> int:
+    """The runner step the projection's step 0 stands for (its steady state)."""
+    if name == "apapo":
+        from methods.pipeline.apapo.apapo import APapo
+        from methods.pipeline.apapo.schedule import version_delays
+
+        fields = APapo.Params.model_fields
+        delays = version_delays(stages, microbatches, fields["iterations_in_flight"].default, fields["delays"].default)
+        return max(delays) + 2
+    return {"pipedream": stages - 1, "pb": 2 * (stages - 1), "qfb": 1}.get(name, 0)
+
+
 def _ran(name: str, method, step: int, stages: int, microbatches: int) -> list[list[tuple]]:
-    """Per rank, the (op, stage, mb, iteration) the method's executor runs in projected step `step`: a flushed
-    pipeline's one minibatch schedule with ids advanced by M a step; PipeDream's tick S-1+step."""
+    """Per rank, the (op, stage, mb, iteration) the method's executor runs in the runner step that projected step
+    `step` stands for: a flushed pipeline's one minibatch schedule with ids advanced by M a step; PipeDream's tick
+    S-1+step; PB's tick 2(S-1)+step; APapo's segment t0+step; Q-FB's window 1+step."""
+    t = _first_step(name, stages, microbatches) + step
+    shift = 0
     if name == "pipedream":
-        schedule, shift = method.tick_schedule(stages - 1 + step), 0
+        schedule = method.tick_schedule(t)
+    elif name == "pb":
+        method.samples = t + 1  # samples keep entering
+        schedule = method._schedule(t)
+    elif name == "apapo":
+        schedule = method.segment(t)
+    elif name == "qfb":
+        schedule = method.rank_schedule(t)
     else:
         schedule, shift = method.schedule, step * microbatches
     return [[(a.op.value, a.stage, -1 if a.mb is None else a.mb + shift, a.iteration) for a in actions]
             for actions in schedule]
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "pipedream"])
-@pytest.mark.parametrize(("stages", "microbatches"), [(2, 4), (3, 2), (3, 5)])
+#: The run params that make each method's virtual run the projection's shape: one stage per rank, uniform blocks.
+SHAPE = {"pb": {"batch_size": 1}, "apapo": {"replicate": False}}
+
+
+@pytest.mark.parametrize("name", pipeline_methods())
+@pytest.mark.parametrize(("stages", "microbatches"), [(2, 4), (3, 2), (3, 6)])
 def test_the_projected_steps_are_the_steps_the_method_runs(name, stages, microbatches, tmp_path):
-    params = {"stages": stages, "partition": "uniform"}
-    if name != "pipedream":
+    """Every registered pipeline method gives its steady-state step (Method.step_schedule), and the projection's
+    steps are the method's own, action for action."""
+    from harness import registry
+
+    cls = registry.METHODS.get(name)
+    step = cls.step_schedule(stages, microbatches)
+    assert step is not None, f"{name} gives no step_schedule: the projection cannot re-shape it"
+    v = step.stage_count // stages
+    params = {"stages": step.stage_count, "partition": "uniform", **SHAPE.get(name, {})}
+    if "microbatches" in cls.Params.model_fields and name != "pb":
         params["microbatches"] = microbatches
-    cls, ctx = context(name, 0, 1, params, run_dir=tmp_path)
+    model = "digits-mlp" if step.stage_count <= 3 else "digits-resnet"  # 3 and 11 blocks
+    cls, ctx = context(name, 0, 1, params, workload=model, run_dir=tmp_path)
     method = cls(ctx)
-    tasks = pipeline_tasks(name, [COSTS] * stages, microbatches, STEPS)
-    for step in range(STEPS):
-        projected = [[(t.op, t.stage, t.mb, t.iteration) for t in rank if t.step == step] for rank in tasks]
-        assert projected == _ran(name, method, step, stages, microbatches), (name, step)
+    tasks = pipeline_tasks(name, [COSTS] * step.stage_count, microbatches, STEPS, ranks=stages)
+    assert len(tasks) == stages and v >= 1
+    for k in range(STEPS):
+        projected = [[(t.op, t.stage, t.mb, t.iteration) for t in rank if t.step == k] for rank in tasks]
+        assert projected == _ran(name, method, k, stages, microbatches), (name, k)
+
+
+@pytest.mark.parametrize("name", pipeline_methods())
+def test_every_pipelines_projected_steps_simulate_to_completion(name):
+    """Eight steps of each method's schedule run through the simulator with no deadlock (APapo's several
+    iterations in flight and Q-FB's windows included): every rank ends, and the steady period is positive."""
+    from harness.project.pipemodel import SIMULATED_STEPS, run_tasks
+
+    stages = 3 * (2 if name == "interleaved-1f1b" else 1)  # interleaved: 3 ranks of 2 stages each
+    tasks = pipeline_tasks(name, [COSTS] * stages, 3, SIMULATED_STEPS, ranks=3)
+    period, free, busy, bubble = run_tasks(tasks, FREE)
+    assert period > 0 and free > 0 and 0 <= bubble < 1
 
 
 @pytest.mark.parametrize("name", ["ddp", "no-such-method"])
@@ -55,3 +116,22 @@ def test_the_simulator_keys_messages_as_the_executors_do():
     # an activation received at stage 2 is the one stage 1 sent; a gradient received there, stage 3's
     assert message_key("recv_act", 2, 0, 5) == message_key("send_act", 1, 0, 5)
     assert message_key("recv_grad", 2, 0, 5) == message_key("send_grad", 3, 0, 5)
+
+
+def test_each_workload_is_compared_with_its_own_baseline():
+    """A label that ran on several workloads is a configuration on each; each workload's configurations are set
+    against the requested baseline where it ran there, else the workload's first ddp, else nothing."""
+    from types import SimpleNamespace
+
+    from harness.project.tables import workload_bases
+
+    def config(workload: str, label: str, method: str):
+        return SimpleNamespace(workload=workload, model=SimpleNamespace(label=label, method=method))
+
+    calibrations = [config("mlp", "gpipe", "gpipe"), config("mlp", "ddp", "ddp"), config("gpt", "gpipe adamw", "gpipe"),
+                    config("gpt", "ddp adamw", "ddp"), config("gpt", "qsgd adamw", "qsgd"), config("cnn", "pb", "pb")]
+    suite = SimpleNamespace(calibrations=calibrations)
+    bases = {w: c.model.label for w, c in workload_bases(suite, None).items()}
+    assert bases == {"mlp": "ddp", "gpt": "ddp adamw"}  # cnn has no ddp: nothing to compare with
+    bases = {w: c.model.label for w, c in workload_bases(suite, "qsgd adamw").items()}
+    assert bases == {"gpt": "qsgd adamw", "mlp": "ddp"}

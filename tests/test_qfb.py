@@ -163,7 +163,7 @@ def test_schedules_are_valid_and_the_drain_completes_bounded():
         validate(run, Placement.one_per_rank(stages))
     assert compute_order([qfb_tick(2, 3, 3, 0, "exact")]) == [["2F0", "2B0", "2F1", "2B1", "2F2", "2B2", "2U"]]
     assert compute_order([qfb_tick(0, 3, 3, 1, "exact")]) == [["0F0@1", "0F1@1", "0F2@1", "0B0@1", "0B1@1",
-                                                               "0B2@1", "0U"]]
+                                                               "0B2@1", "0U@1"]]
     assert [str(a) for a in qfb_tick(1, 2, 2, 1, "bounded") if a.op.value in ("forward", "backward", "update")] == [
         "1F0@1", "1B0", "1F1@1", "1B1", "1U"]
 

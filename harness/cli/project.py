@@ -18,8 +18,9 @@ def add(verbs) -> None:
                     "interpolated to the per-rank batch, scaled to what the calibration runs measured; DDP's "
                     "buckets overlapped with the backward; compression's measured compute and payload; ring "
                     "all-reduce / all-gather by the alpha-beta model. Pipelines: the traced step's actions with "
-                    "their measured durations and message sizes through a discrete-event simulator (gpipe, 1f1b "
-                    "and pipedream also at other stage counts, from per-block costs). Time to target = projected "
+                    "their measured durations and message sizes through a discrete-event simulator (every "
+                    "built-in pipeline also at other stage counts: its own steady-state step with per-block "
+                    "costs). Time to target = projected "
                     "step time x the steps the calibration runs needed (same global batch). Writes projection.csv "
                     "and projection.png to SUITE_DIR/report/ and prints the table; formulas in docs/projection.md.",
         epilog="Exit codes: 0 written; 2 bad input (nothing written). Reading the error bar: with --validate the "

@@ -46,29 +46,32 @@ def crossover_table(suite: CalibratedSuite, world_sizes: Sequence[int], settings
                     baseline: str | None) -> pd.DataFrame:
     """Per configuration (but the baseline) and world size: the rates (bit/s, fastest first, ';'-joined) where its
     projected throughput crosses the baseline's and where its projected time to target does, and whether it beats
-    the baseline at the slowest and the fastest scanned rate."""
-    base = next((c for c in suite.calibrations if c.model.label == baseline), None)
+    the baseline at the slowest and the fastest scanned rate. Each configuration is set against its own workload's
+    baseline (tables.workload_bases); a workload with none has no rows."""
+    from harness.project.tables import workload_bases
+
+    bases = workload_bases(suite, baseline)
     rows = []
-    if base is None:
-        return pd.DataFrame(rows)
     for c in suite.calibrations:
-        if c is base:
+        base = bases.get(c.workload)
+        if base is None or c is base:
             continue
+        baseline = base.model.label
         for n in world_sizes:
             if not math.isfinite(step_at(c, n, SCAN_BPS[0], settings) + step_at(base, n, SCAN_BPS[0], settings)):
-                rows.append({"label": c.model.label, "baseline": baseline, "world_size": n,
+                rows.append({"workload": c.workload, "label": c.model.label, "baseline": baseline, "world_size": n,
                              "throughput_crossover": "not projected", "time_to_target_crossover": "not projected",
                              "faster_at_slowest": None, "faster_at_fastest": None})
                 continue
-            per_sample = lambda bps, c=c, n=n: (step_at(base, n, bps, settings) / base.model.batch_size  # noqa: E731
+            per_sample = lambda bps, c=c, n=n, base=base: (step_at(base, n, bps, settings) / base.model.batch_size  # noqa: E731
                                                 - step_at(c, n, bps, settings) / c.model.batch_size)
             rates = crossings(per_sample, SCAN_BPS)
             target = []
             if c.steps_to_target is not None and base.steps_to_target is not None:
-                to_target = lambda bps, c=c, n=n: (base.steps_to_target * step_at(base, n, bps, settings)  # noqa: E731
+                to_target = lambda bps, c=c, n=n, base=base: (base.steps_to_target * step_at(base, n, bps, settings)  # noqa: E731
                                                    - c.steps_to_target * step_at(c, n, bps, settings))
                 target = crossings(to_target, SCAN_BPS)
-            rows.append({"label": c.model.label, "baseline": baseline, "world_size": n,
+            rows.append({"workload": c.workload, "label": c.model.label, "baseline": baseline, "world_size": n,
                          "throughput_crossover": "; ".join(rate_text(r) for r in rates) or "none",
                          "time_to_target_crossover": ("; ".join(rate_text(r) for r in target) or "none")
                          if c.steps_to_target is not None else "never reaches the target",

@@ -23,10 +23,13 @@ def plot_projection(table: pd.DataFrame, baseline: str | None) -> Figure:
     for column, network in enumerate(networks):
         data = table[table["network"] == network]
         top, bottom = axes[0][column], axes[1][column]
-        for label, group in data.groupby("label", sort=False):
+        several = data["workload"].nunique() > 1 if "workload" in data.columns else False
+        keys = ["workload", "label"] if "workload" in data.columns else ["label"]
+        for key, group in data.groupby(keys, sort=False):
+            name = f"{key[1]} ({key[0]})" if several else str(key[-1] if isinstance(key, tuple) else key)
             group = group.sort_values("world_size")
-            top.plot(group["world_size"], group["samples_per_s"], marker="o", label=str(label))
-            bottom.plot(group["world_size"], group["speedup"], marker="o", label=str(label))
+            top.plot(group["world_size"], group["samples_per_s"], marker="o", label=name)
+            bottom.plot(group["world_size"], group["speedup"], marker="o", label=name)
         top.set_title(f"{network or 'loopback'}: projected throughput")
         top.set_ylabel("samples / s")
         bottom.set_title(f"{network or 'loopback'}: over {baseline}" if baseline else network)

@@ -49,13 +49,14 @@ def write_projection(suite_dir: Path, out: Path, settings: Settings, world_sizes
         speedup=table["speedup"].map(lambda v: "-" if v != v else f"{v:.2f}x"),
         bubble=table["bubble"].map(lambda v: "-" if v != v else f"{v:.0%}"))
     print(shown.drop(columns=["method", "batch_size"]).to_string(index=False))
-    print(f"Assumption: {TTT_ASSUMPTION}. Speed-up: throughput over {chosen}'s.")
+    print(f"Assumption: {TTT_ASSUMPTION}. Speed-up: throughput over its workload's baseline's ({chosen} where it "
+          "ran, else the workload's first ddp).")
     crossovers = crossover_table(suite, world_sizes, settings, chosen)
     if len(crossovers):
         crossovers.to_csv(out / "projection_crossover.csv", index=False)
-        print(f"Link rates where a configuration's projected throughput (and time to target) crosses {chosen}'s "
-              f"(it pays below the rate when faster_at_slowest):")
-        print(crossovers.drop(columns=["baseline"]).to_string(index=False))
+        print("Link rates where a configuration's projected throughput (and time to target) crosses its workload's "
+              "baseline's (it pays below the rate when faster_at_slowest):")
+        print(crossovers.to_string(index=False))
     print(f"written: {out / 'projection.csv'}, {out / 'projection.png'}"
           + (f", {out / 'projection_crossover.csv'}" if len(crossovers) else ""))
     if validate:

@@ -1,6 +1,6 @@
 """The pipeline cost model of one configuration: its traced step (actions, measured durations, message sizes) run
-through the simulator on other links, or, for a method that gives its steady-state step (Method.step_schedule: gpipe,
-1f1b, pipedream), that very schedule at other stage counts, batch and microbatch sizes with per-block costs;
+through the simulator on other links, or, for a method that gives its steady-state step (Method.step_schedule: every
+built-in pipeline), that very schedule at other stage counts, batch and microbatch sizes with per-block costs;
 calibrated on its measured runs."""
 
 from __future__ import annotations
@@ -80,19 +80,28 @@ def schedule_tasks(step: StepSchedule, stages: Sequence[StageCosts], steps: int)
                       "send_grad": stages[a.stage - 1].output_bytes if a.stage else 0.0}.get(op, 0.0)
             tasks.append(Task(op, a.stage, -1 if a.mb is None else a.mb, duration, nbytes, a.iteration))
         template.append(tasks)
-    return repeat(template, steps, step.shift)
+    return repeat(template, steps, step.shift, step.iteration_shift)
 
 
-def pipeline_tasks(method: str, stages: Sequence[StageCosts], microbatches: int, steps: int) -> list[list[Task]]:
-    """Per rank (one stage each), the tasks of `steps` consecutive steps of the method's own schedule; ValueError
-    when the method gives none."""
-    return schedule_tasks(required_step_schedule(method, len(stages), microbatches), stages, steps)
+def pipeline_tasks(method: str, stages: Sequence[StageCosts], microbatches: int, steps: int,
+                   ranks: int | None = None) -> list[list[Task]]:
+    """Per rank (`ranks`, default one per stage), the tasks of `steps` consecutive steps of the method's own
+    schedule on `stages` (one cost per model stage); ValueError when the method gives none, or names another number
+    of stages."""
+    step = required_step_schedule(method, ranks or len(stages), microbatches)
+    if step.stage_count != len(stages):
+        raise ValueError(f"{method}: its schedule on {ranks or len(stages)} ranks runs {step.stage_count} stages, "
+                         f"not {len(stages)}")
+    return schedule_tasks(step, stages, steps)
 
 
-def repeat(template: Sequence[Sequence[Task]], steps: int, shift: int) -> list[list[Task]]:
+def repeat(template: Sequence[Sequence[Task]], steps: int, shift: int, iteration_shift: int = 0
+           ) -> list[list[Task]]:
     """The traced step's tasks (ranks x tasks) for `steps` consecutive steps, microbatch ids (and sync rounds)
-    shifted by `shift` per step so messages never mix steps; an update (mb -1) keeps its id."""
-    return [[Task(t.op, t.stage, t.mb + r * shift if t.mb >= 0 else t.mb, t.duration_s, t.nbytes, t.iteration, r)
+    shifted by `shift` per step and iteration ids (an update's too: the iteration it closes) by `iteration_shift`,
+    so messages never mix steps; an update (mb -1) keeps its microbatch id."""
+    return [[Task(t.op, t.stage, t.mb + r * shift if t.mb >= 0 else t.mb, t.duration_s, t.nbytes,
+                  t.iteration + r * iteration_shift, r)
              for r in range(steps) for t in rank] for rank in template]
 
 
@@ -119,6 +128,7 @@ class PipelineModel:
     ranges: list[tuple[int, int]]
     template: list[list[Task]]
     shift: int
+    iteration_shift: int = 0
     overhead_s: float = 0.0
     profile: BlockCosts | None = None
     forward_scale: list[float] = field(default_factory=list)
@@ -159,7 +169,10 @@ class PipelineModel:
             if world_size > self.profile.blocks:
                 raise ValueError(f"{world_size} stages need at least {world_size} blocks "
                                  f"(the model has {self.profile.blocks})")
-            ranges = uniform_split(self.profile.blocks, world_size)
+            if step.stage_count > self.profile.blocks:
+                raise ValueError(f"{step.stage_count} stages need at least {step.stage_count} blocks "
+                                 f"(the model has {self.profile.blocks})")
+            ranges = uniform_split(self.profile.blocks, step.stage_count)
         count = forwards_per_step(step)
         stages, extrapolated = self.stage_costs(ranges, batch / count)
         notes = [f"microbatch {batch / count:g} outside the profiled sizes: compute extrapolated"] if extrapolated \
@@ -172,7 +185,8 @@ class PipelineModel:
         batch, microbatches = batch or self.batch_size, microbatches or self.microbatches
         notes = list(self.notes)
         if self.same_shape(world_size, batch, microbatches, ranges):
-            ranks, overhead = repeat(self.template, SIMULATED_STEPS, self.shift), self.overhead_s
+            ranks = repeat(self.template, SIMULATED_STEPS, self.shift, self.iteration_shift)
+            overhead = self.overhead_s
         else:
             try:
                 ranks, more = self.generated(world_size, batch, microbatches, ranges)
@@ -187,10 +201,10 @@ class PipelineModel:
         return Projected(parts, bubble, notes)
 
 
-def template_tasks(measure: RunMeasure) -> tuple[list[list[Task]], int]:
+def template_tasks(measure: RunMeasure) -> tuple[list[list[Task]], int, int]:
     """The last traced step as tasks per worker, with each (worker, op, stage)'s duration over the traced steps
-    (the measure's quantile, the median by default), and the shift of microbatch ids from one step to the next (a
-    stage's forwards per step)."""
+    (the measure's quantile, the median by default), and the shifts of microbatch and iteration ids from one step
+    to the next (step_shifts)."""
     durations = measure.durations()
     step = measure.traces[max(measure.traces)]
     param_bytes = stage_param_bytes(measure)
@@ -205,13 +219,32 @@ def template_tasks(measure: RunMeasure) -> tuple[list[list[Task]], int]:
             own = durations[(worker, e.op, e.stage)] if e.op not in ("recv_act", "recv_grad", "sync_grads") else 0.0
             tasks.append(Task(e.op, e.stage, e.mb, own, nbytes, e.iteration))
         ranks.append(tasks)
+    return ranks, *step_shifts(measure)
+
+
+def step_shifts(measure: RunMeasure) -> tuple[int, int]:
+    """(microbatch shift, iteration shift) from one step to the next: how the first forward of the first stage
+    moves between the last two traced steps (apapo numbers microbatches globally and by iteration: (M, 1); Q-FB per
+    window: (0, 1); PipeDream by minibatch: (1, 0)). Where the ids do not move (a flushed pipeline numbers each
+    minibatch's microbatches from 0), or with one traced step, a stage's forwards per step and no iteration shift,
+    so that the repeated steps' messages stay apart."""
+    steps = sorted(measure.traces)
+    firsts = {}
+    for s in steps[-2:]:
+        forwards = [e for events in measure.traces[s].values() for e in events if e.op == "forward" and e.stage == 0]
+        if forwards:
+            firsts[s] = min(forwards, key=lambda e: (e.iteration, e.mb))
+    if len(firsts) == 2:
+        (a, ea), (b, eb) = sorted(firsts.items())
+        moved = (eb.mb - ea.mb, eb.iteration - ea.iteration)
+        if moved != (0, 0) and moved[0] % (b - a) == 0 and moved[1] % (b - a) == 0:
+            return moved[0] // (b - a), moved[1] // (b - a)
     forwards: dict[tuple[int, int], list[int]] = {}
-    for events in step.values():
+    for events in measure.traces[steps[-1]].values():
         for e in events:
             if e.op == "forward":
                 forwards.setdefault((e.stage, e.iteration), []).append(e.mb)
-    shift = max((max(mbs) - min(mbs) + 1 for mbs in forwards.values()), default=1)
-    return ranks, shift
+    return max((max(mbs) - min(mbs) + 1 for mbs in forwards.values()), default=1), 0
 
 
 def stage_ranges(measure: RunMeasure) -> list[tuple[int, int]]:
@@ -234,18 +267,18 @@ def calibrate_pipeline(measures: Sequence[RunMeasure], profile: BlockCosts | Non
     the first seed as the template, the overhead that makes the simulation meet the mean measured step, and (with a
     profile) the per-block scales for generated orders."""
     first = measures[0]
-    template, shift = template_tasks(first)
+    template, shift, iteration_shift = template_tasks(first)
     ranges = stage_ranges(first)
     model = PipelineModel(first.label, str(first.spec.get("method")), first.batch_size, first.microbatches,
-                          first.world_size, ranges, template, shift, profile=profile)
+                          first.world_size, ranges, template, shift, iteration_shift, profile=profile)
     measured = statistics.fmean(m.step_s for m in measures)
-    model.overhead_s = measured - run_tasks(repeat(template, SIMULATED_STEPS, shift), link)[0]
+    model.overhead_s = measured - run_tasks(repeat(template, SIMULATED_STEPS, shift, iteration_shift), link)[0]
     if profile is None or not ranges or ranges[-1][1] != profile.blocks:
         model.notes.append("no block costs matching the partition: projections keep the traced shape")
         return model
     fit_blocks(model, first, profile)
-    if step_schedule(model.method, model.world_size, model.microbatches) is not None and \
-            len(set(model.ranges)) == len(model.ranges) == model.world_size:
+    step = step_schedule(model.method, model.world_size, model.microbatches)
+    if step is not None and len(set(model.ranges)) == len(model.ranges) == step.stage_count:
         ranks, _ = model.generated(model.world_size, model.batch_size, model.microbatches, model.ranges)
         model.generated_overhead_s = measured - run_tasks(ranks, link)[0]
     return model

@@ -54,6 +54,11 @@ class Calibration:
         return self.runs[0].key
 
     @property
+    def workload(self) -> str:
+        """The workload its runs trained (a configuration is compared only with others of it)."""
+        return str(self.runs[0].spec.get("workload"))
+
+    @property
     def steps_to_target(self) -> float | None:
         """Median over the seeds that reached the target of the steps they took; None when none did."""
         steps = [m.steps_to_target for m in self.runs if m.steps_to_target is not None]

@@ -18,9 +18,9 @@ from harness.project.simulate import SENDS
 from harness.project.suite import CalibratedSuite, Calibration, Settings, shape
 from harness.trace import COMPUTE_OPS, step_bubble
 
-PROJECTION_COLUMNS = ("method", "label", "world_size", "network", "batch_size", "step_time_s", "samples_per_s",
-                      "time_to_target_s", "compute_s", "compression_s", "exposed_comm_s", "bubble_s", "other_s",
-                      "bubble", "speedup", "note")
+PROJECTION_COLUMNS = ("method", "workload", "label", "world_size", "network", "batch_size", "step_time_s",
+                      "samples_per_s", "time_to_target_s", "compute_s", "compression_s", "exposed_comm_s", "bubble_s",
+                      "other_s", "bubble", "speedup", "note")
 TTT_ASSUMPTION = ("time to target = projected step time x the steps the calibration runs took to reach the target "
                   "at the same global batch (assumed unchanged by world size and network)")
 
@@ -40,7 +40,8 @@ def row(calibration: Calibration, world_size: int, network: str, projected: Proj
     """One projection row (PROJECTION_COLUMNS but speedup)."""
     parts, steps = projected.parts, calibration.steps_to_target
     same_batch = batch == calibration.model.batch_size
-    return {"method": calibration.model.method, "label": calibration.model.label, "world_size": world_size,
+    return {"method": calibration.model.method, "workload": calibration.workload, "label": calibration.model.label,
+            "world_size": world_size,
             "network": network, "batch_size": batch, "step_time_s": parts.step_s,
             "samples_per_s": batch / parts.step_s if parts.step_s > 0 else math.nan,
             "time_to_target_s": parts.step_s * steps if steps is not None and same_batch else math.nan,
@@ -52,14 +53,30 @@ def row(calibration: Calibration, world_size: int, network: str, projected: Proj
 def projection_table(suite: CalibratedSuite, world_sizes: Sequence[int], networks: Sequence[str],
                      settings: Settings, baseline: str | None) -> pd.DataFrame:
     """Every calibrated configuration at every world size and network -> rows of PROJECTION_COLUMNS; speedup is
-    samples_per_s over the baseline label's at the same world size and network."""
+    samples_per_s over its workload's baseline's (workload_bases) at the same world size and network, NaN where its
+    workload has none."""
     rows = [row(c, n, net, project_one(c, n, net, settings), c.model.batch_size)
             for c in suite.calibrations for n in world_sizes for net in networks]
     frame = pd.DataFrame(rows, columns=[c for c in PROJECTION_COLUMNS if c != "speedup"])
-    base = frame[frame["label"] == baseline].set_index(["world_size", "network"])["samples_per_s"]
-    frame["speedup"] = [r.samples_per_s / base.get((r.world_size, r.network), math.nan)
+    bases = {workload: c.model.label for workload, c in workload_bases(suite, baseline).items()}
+    base = frame[[bases.get(w) == label for w, label in zip(frame["workload"], frame["label"], strict=True)]]
+    base = base.set_index(["workload", "world_size", "network"])["samples_per_s"]
+    frame["speedup"] = [r.samples_per_s / base.get((r.workload, r.world_size, r.network), math.nan)
                         for r in frame.itertuples()]
     return frame[list(PROJECTION_COLUMNS)]
+
+
+def workload_bases(suite: CalibratedSuite, baseline: str | None) -> dict[str, Calibration]:
+    """{workload: the configuration its others are compared with}: the one labelled `baseline` there, else the
+    workload's first ddp configuration, else none (a workload's throughput is never compared with another's)."""
+    bases: dict[str, Calibration] = {}
+    for c in suite.calibrations:
+        if c.model.label == baseline:
+            bases[c.workload] = c
+    for c in suite.calibrations:
+        if c.workload not in bases and c.model.method == "ddp":
+            bases[c.workload] = c
+    return bases
 
 
 def choose_baseline(suite: CalibratedSuite, requested: str | None) -> str | None:

@@ -14,6 +14,7 @@ from torch import nn
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
 from harness.toolkit import uniform_split
+from harness.trace import StepSchedule
 from methods.blocks import VIRTUAL_DEFAULT_PARTS, too_few
 from methods.pipeline.apapo import antichain, layers
 from methods.pipeline.apapo import schedule as schedules
@@ -294,6 +295,19 @@ class APapo(PipelineMethod):
     # -- the schedule ----------------------------------------------------------------------------------------------
     def _placed(self, per_stage) -> Schedule:
         return place([per_stage(s) for s in range(self.num_stages)], self.placement)
+
+    @classmethod
+    def step_schedule(cls, stages: int, microbatches: int) -> StepSchedule:
+        """Step t0 of the run's segments (schedule.segment) at the default K and delay rule, one stage per rank, t0
+        past every stage's delay (the steady state); step t0+k is it with microbatch ids plus k·M and iteration ids
+        plus k (a microbatch is named by its global number and its iteration). The planner's layout (data
+        parallelism, replicas) is not re-shaped: this is the schedule of a pipeline of `stages` stages."""
+        fields = cls.Params.model_fields
+        delays = schedules.version_delays(stages, microbatches, fields["iterations_in_flight"].default,
+                                          fields["delays"].default)
+        t0 = max(delays) + 2
+        return StepSchedule([schedules.segment(s, stages, microbatches, delays, t0) for s in range(stages)],
+                            shift=microbatches, iteration_shift=1)
 
     def segment(self, iteration: int) -> Schedule:
         """Step `iteration`'s actions, one list per rank."""

@@ -6,6 +6,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
+from harness.trace import StepSchedule
 from methods.blocks import default_parts
 from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.placement import Placement
@@ -66,6 +67,13 @@ class Interleaved1F1B(FlushedPipeline):
 
     def make_placement(self, stages: int, replicas: list[int]) -> Placement:
         return Placement.interleaved(stages // self.ctx.params.stages_per_rank, self.ctx.params.stages_per_rank)
+
+    @classmethod
+    def step_schedule(cls, stages: int, microbatches: int) -> StepSchedule:
+        """One minibatch on `stages` ranks with the default v stages each (S = v·p model stages, rank r holding r,
+        r+p, ...); the next minibatch's microbatches are numbered M on."""
+        v = cls.Params.model_fields["stages_per_rank"].default
+        return StepSchedule(schedule.interleaved_1f1b(stages, v, microbatches), shift=microbatches, stages=stages * v)
 
     def rank_schedule(self) -> Schedule:
         p = self.placement.world_size

@@ -10,6 +10,7 @@ from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
+from harness.trace import StepSchedule
 from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.executor import Microbatches, Sizes
@@ -133,6 +134,13 @@ class PipelinedBackprop(PipelineMethod):
         return Predicted(module, optimizer, pb_delay(stage, stages), p.prediction, not p.recompute)
 
     # -- ticks -----------------------------------------------------------------------------------------------------
+    @classmethod
+    def step_schedule(cls, stages: int, microbatches: int) -> StepSchedule:
+        """Tick 2(S-1), the first with a backward at every stage while samples keep entering (the steady state);
+        tick 2(S-1)+k is it with every sample id plus k. `microbatches` is ignored: a sample is PB's unit."""
+        t = pb_delay(0, stages)
+        return StepSchedule([pb_tick(s, stages, t, t + 1) for s in range(stages)], shift=1)
+
     def _schedule(self, t: int) -> Schedule:
         return place([pb_tick(s, self.num_stages, t, self.samples) for s in range(self.num_stages)], self.placement)
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
+from harness.trace import StepSchedule
 from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.codecs import Codec, make_codec
@@ -132,6 +133,16 @@ class QFB(PipelineMethod):
                 self.executor = SingleRankLanes(self.lanes) if self.virtual else self.lanes
 
     # -- schedule --------------------------------------------------------------------------------------------------
+    @classmethod
+    def step_schedule(cls, stages: int, microbatches: int) -> StepSchedule:
+        """Window 1 at the default sync ('exact': the window's forwards and backwards in 1F1B order, then the update),
+        one list per rank; window 1+k is it with every iteration id plus k (microbatches are numbered per window).
+        The executor's two lanes run the forwards and the backwards of this list on two threads; the projection
+        runs the list in order, one action at a time, so it leaves out what the lanes overlap (docs/projection.md)."""
+        sync = cls.Params.model_fields["sync"].default
+        return StepSchedule([qfb_tick(s, stages, microbatches, 1, sync) for s in range(stages)], shift=0,
+                            iteration_shift=1)
+
     def rank_schedule(self, window: int) -> Schedule:
         p = self.ctx.params
         if p.sync == "ahead":

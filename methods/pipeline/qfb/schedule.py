@@ -16,7 +16,7 @@ def qfb_tick(stage: int, stages: int, microbatches: int, window: int, sync: Sync
         one lane would run them in), then the update. The lanes split the list by op (methods/pipeline/qfb/lanes.py).
     bounded: the forwards of window t and the backwards of window t-1 (none at t = 0), one of each in turn, then the
         update of window t-1; `qfb_drain` runs the backwards and update of the last window.
-    Microbatch m of window t is Action(..., mb=m, iteration=t)."""
+    Microbatch m of window t is Action(..., mb=m, iteration=t); the update of window w is Action(UPDATE, s, None, w)."""
     exact = sync == "exact"
     backward_window = window if exact else window - 1
     warmup = min(stages - 1 - stage, microbatches) if exact else 0
@@ -27,13 +27,13 @@ def qfb_tick(stage: int, stages: int, microbatches: int, window: int, sync: Sync
     for k in range(max(len(forwards) - warmup, len(backwards))):
         actions += forwards[warmup + k] if warmup + k < len(forwards) else []
         actions += backwards[k] if k < len(backwards) else []
-    return actions + ([Action(Op.UPDATE, stage)] if backwards else [])
+    return actions + ([Action(Op.UPDATE, stage, None, backward_window)] if backwards else [])
 
 
 def qfb_drain(stage: int, stages: int, microbatches: int, last_window: int) -> list[Action]:
     """bounded: the backwards and update of the last window, after the last step."""
     return [a for m in range(microbatches) for a in backward_unit(stage, stages, m, last_window)] + [
-        Action(Op.UPDATE, stage)]
+        Action(Op.UPDATE, stage, None, last_window)]
 
 
 # buffer, an update every M backwards, no flush. A stage's whole run is one list,
