@@ -28,7 +28,8 @@ window.addEventListener("load", () => {
   const wide = [...body.querySelectorAll("*")].filter(el => {
     if (el.closest(".scroll")) return false;  // a table's own box scrolls inside the page
     return el.getBoundingClientRect().width > limit;
-  }).map(el => el.tagName + (el.className ? "." + el.className : ""));
+  }).map(el => el.tagName + (el.className ? "." + el.className : "") + (el.alt ? "[" + el.alt + "]" : "")
+        + "=" + Math.round(el.getBoundingClientRect().width));
   const out = document.createElement("pre");
   out.id = "checks";
   out.textContent = JSON.stringify({

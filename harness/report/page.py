@@ -21,7 +21,7 @@ th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
 #rankings td:nth-child(2), #rankings th:nth-child(2), #per-label td:nth-child(2), #per-label th:nth-child(2) {
   text-align: left; }
 .plots { display: flex; flex-wrap: wrap; gap: 1em; } .plots figure { margin: 0; }
-.plots img { max-width: 100%; height: auto; border: 1px solid #eee; display: block; }
+.plots img { max-width: 100%; height: auto; border: 1px solid #eee; display: block; box-sizing: border-box; }
 .plots figure { max-width: 100%; } figcaption { font-size: 0.85em; color: #444; max-width: 1000px; }
 .scroll { max-width: 100%; overflow-x: auto; } .verdict { font-weight: bold; }
 .setup { text-decoration: underline dotted; cursor: help; }
