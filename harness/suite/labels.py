@@ -8,7 +8,7 @@ from typing import Any
 
 from harness.suite.spec import compact
 
-#: The longest default label (the full params sit in the report's all-runs table and each label's tooltip).
+#: The longest default label (the full params sit in each label's tooltip on the report, and in each spec.json).
 MAX_LABEL = 40
 
 
