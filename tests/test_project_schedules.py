@@ -135,3 +135,33 @@ def test_each_workload_is_compared_with_its_own_baseline():
     assert bases == {"mlp": "ddp", "gpt": "ddp adamw"}  # cnn has no ddp: nothing to compare with
     bases = {w: c.model.label for w, c in workload_bases(suite, "qsgd adamw").items()}
     assert bases == {"gpt": "qsgd adamw", "mlp": "ddp"}
+
+
+def test_a_two_lane_trace_is_run_in_an_order_that_cannot_deadlock():
+    """Q-FB's backward lane may start waiting for a gradient before its forward lane sent the activation that
+    gradient needs (traced on a smoke run, seed 0). Run serially in start order that deadlocks; serial_order moves
+    each receive to just before its compute, and the two ranks' step simulates to completion."""
+    from harness.project.pipemodel import serial_order
+    from harness.project.simulate import Task, simulate
+    from harness.trace import TraceEvent
+
+    def ev(op, mb, start, stage, lane):
+        return TraceEvent(op, mb, start, start + 0.001, -1, stage, 4, lane)
+
+    rank0 = [ev("forward", 0, 0.0, 0, 0), ev("recv_grad", 0, 0.1, 0, 1), ev("send_act", 0, 0.2, 0, 0),
+             ev("backward", 0, 0.5, 0, 1), ev("update", -1, 0.6, 0, 1)]
+    rank1 = [ev("recv_act", 0, 0.0, 1, 0), ev("forward", 0, 0.3, 1, 0), ev("backward", 0, 0.35, 1, 1),
+             ev("send_grad", 0, 0.4, 1, 1), ev("update", -1, 0.45, 1, 1)]
+
+    def tasks(events):
+        return [Task(e.op, e.stage, e.mb, 0.0 if e.op.startswith("recv") else 1.0, 10.0, e.iteration) for e in events]
+
+    with pytest.raises(ValueError, match="deadlock"):
+        simulate([tasks(rank0), tasks(rank1)], FREE)
+    ordered = serial_order(rank0)
+    assert [e.op for e in ordered] == ["forward", "send_act", "recv_grad", "backward", "update"]
+    assert serial_order(rank1) == rank1  # its receive already comes before its compute
+    single = [e._replace(lane=0) for e in rank0]
+    assert serial_order(single) == single  # one lane: the traced order is the executor's
+    spans = simulate([tasks(ordered), tasks(serial_order(rank1))], FREE)
+    assert [len(s) for s in spans] == [5, 5]

@@ -11,7 +11,7 @@ import pandas as pd
 from scipy.optimize import brentq
 
 from harness.project.suite import CalibratedSuite, Calibration, Settings
-from harness.project.tables import project_one
+from harness.project.tables import project_one, workload_bases
 
 #: Rates scanned for sign changes, bit/s: 1 Mbit/s to 1 Tbit/s, 40 per decade.
 SCAN_BPS = np.logspace(6, 12, 241)
@@ -48,8 +48,6 @@ def crossover_table(suite: CalibratedSuite, world_sizes: Sequence[int], settings
     projected throughput crosses the baseline's and where its projected time to target does, and whether it beats
     the baseline at the slowest and the fastest scanned rate. Each configuration is set against its own workload's
     baseline (tables.workload_bases); a workload with none has no rows."""
-    from harness.project.tables import workload_bases
-
     bases = workload_bases(suite, baseline)
     rows = []
     for c in suite.calibrations:

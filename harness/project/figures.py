@@ -23,10 +23,9 @@ def plot_projection(table: pd.DataFrame, baseline: str | None) -> Figure:
     for column, network in enumerate(networks):
         data = table[table["network"] == network]
         top, bottom = axes[0][column], axes[1][column]
-        several = data["workload"].nunique() > 1 if "workload" in data.columns else False
-        keys = ["workload", "label"] if "workload" in data.columns else ["label"]
-        for key, group in data.groupby(keys, sort=False):
-            name = f"{key[1]} ({key[0]})" if several else str(key[-1] if isinstance(key, tuple) else key)
+        several = data["workload"].nunique() > 1  # then a line names its workload too
+        for (workload, label), group in data.groupby(["workload", "label"], sort=False):
+            name = f"{label} ({workload})" if several else str(label)
             group = group.sort_values("world_size")
             top.plot(group["world_size"], group["samples_per_s"], marker="o", label=name)
             bottom.plot(group["world_size"], group["speedup"], marker="o", label=name)

@@ -17,7 +17,7 @@ from harness.project.model import Projected
 from harness.project.profile import BlockCosts
 from harness.project.simulate import SENDS, Task, busy_s, period_s, simulate, simulated_bubble
 from harness.toolkit import uniform_split
-from harness.trace import ScheduledAction, StepSchedule
+from harness.trace import ScheduledAction, StepSchedule, TraceEvent
 
 #: Consecutive steps simulated to reach the steady state (the period is taken over the second half).
 SIMULATED_STEPS = 8
@@ -166,9 +166,6 @@ class PipelineModel:
         if self.profile is None or not self.forward_scale:
             raise ValueError("no block costs to re-shape the pipeline")
         if ranges is None:
-            if world_size > self.profile.blocks:
-                raise ValueError(f"{world_size} stages need at least {world_size} blocks "
-                                 f"(the model has {self.profile.blocks})")
             if step.stage_count > self.profile.blocks:
                 raise ValueError(f"{step.stage_count} stages need at least {step.stage_count} blocks "
                                  f"(the model has {self.profile.blocks})")
@@ -211,7 +208,7 @@ def template_tasks(measure: RunMeasure) -> tuple[list[list[Task]], int, int]:
     ranks = []
     for worker in sorted(step):
         tasks = []
-        for e in step[worker]:
+        for e in serial_order(step[worker]):
             if e.op in SENDS:
                 nbytes = measure.message_bytes.get((SENDS[e.op], e.stage), 0.0)
             else:
@@ -220,6 +217,31 @@ def template_tasks(measure: RunMeasure) -> tuple[list[list[Task]], int, int]:
             tasks.append(Task(e.op, e.stage, e.mb, own, nbytes, e.iteration))
         ranks.append(tasks)
     return ranks, *step_shifts(measure)
+
+
+#: The compute that consumes what a receive brings: (receive op) -> (compute op) of the same stage, iteration and mb.
+CONSUMER = {"recv_act": "forward", "recv_grad": "backward"}
+
+
+def serial_order(events: Sequence[TraceEvent]) -> list[TraceEvent]:
+    """A worker's traced events as one list the simulator can run in order. One lane's events are that list as
+    traced. A worker that ran two lanes (Q-FB's forward and backward threads) has no single order: by start time a
+    backward lane's receive may come before the forward lane's send it causally follows (the thread posted it
+    early), and run serially that deadlocks. Its events keep their start order, but each receive moves to just
+    before the compute that consumes it, which started only after the message came, so after every send that
+    message needed; a receive whose compute is not in the step keeps its place."""
+    if len({e.lane for e in events}) < 2:
+        return list(events)
+    computes = {(e.op, e.stage, e.iteration, e.mb) for e in events if e.op in CONSUMER.values()}
+    moved = {(CONSUMER[e.op], e.stage, e.iteration, e.mb): e for e in events
+             if e.op in CONSUMER and (CONSUMER[e.op], e.stage, e.iteration, e.mb) in computes}
+    out = []
+    for e in events:
+        if e.op in CONSUMER and (CONSUMER[e.op], e.stage, e.iteration, e.mb) in moved:
+            continue
+        before = moved.get((e.op, e.stage, e.iteration, e.mb))
+        out += [before, e] if before is not None else [e]
+    return out
 
 
 def step_shifts(measure: RunMeasure) -> tuple[int, int]:
