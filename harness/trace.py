@@ -47,12 +47,20 @@ class StepSchedule:
     """One step of a pipeline's schedule in its steady state, one action list per rank, exactly as its executor runs
     it; the next step's microbatch ids are these plus `shift` (an update keeps none), its iteration ids these plus
     `iteration_shift` (a schedule that names its microbatches per iteration, or keeps several in flight).
-    `stages`: the model stages the actions name when a rank holds several (interleaved 1F1B); None: one per rank."""
+    `stages`: the model stages the actions name when a rank holds several (interleaved 1F1B); None: one per rank.
+    `forward_lane`: the ops a rank runs on a lane (thread) of their own, at the same time as its other ops on a
+    second lane (Q-FB: receiving, computing and sending activations); each lane keeps the list's order. Empty: one
+    lane."""
 
     ranks: Sequence[Sequence[ScheduledAction]]
     shift: int
     iteration_shift: int = 0
     stages: int | None = None
+    forward_lane: tuple[str, ...] = ()
+
+    def lane(self, op: str) -> int:
+        """The lane an op runs on: 0 for the forward lane's ops, else 1; 0 for every op when there is one lane."""
+        return int(bool(self.forward_lane) and op not in self.forward_lane)
 
     @property
     def stage_count(self) -> int:

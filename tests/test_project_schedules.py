@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from _dist import context
+from harness.project.links import link_of
 from harness.project.pipemodel import FREE, StageCosts, pipeline_tasks
 from harness.trace import message_key
 from methods.pipeline.core.interleaver import message_of
@@ -137,31 +138,73 @@ def test_each_workload_is_compared_with_its_own_baseline():
     assert bases == {"gpt": "qsgd adamw", "mlp": "ddp"}
 
 
-def test_a_two_lane_trace_is_run_in_an_order_that_cannot_deadlock():
+def test_a_two_lane_trace_runs_its_lanes_at_once_and_cannot_deadlock():
     """Q-FB's backward lane may start waiting for a gradient before its forward lane sent the activation that
-    gradient needs (traced on a smoke run, seed 0). Run serially in start order that deadlocks; serial_order moves
-    each receive to just before its compute, and the two ranks' step simulates to completion."""
-    from harness.project.pipemodel import serial_order
-    from harness.project.simulate import Task, simulate
+    gradient needs (traced on a smoke run, seed 0). Run as one list in start order that deadlocks; run as two lanes
+    (each its own events in order, as LaneExecutor's two threads) it completes, and the lanes overlap: a rank's
+    forward lane computes while its backward lane waits or computes."""
+    from harness.project.simulate import Task, busy_s, simulate
     from harness.trace import TraceEvent
 
     def ev(op, mb, start, stage, lane):
         return TraceEvent(op, mb, start, start + 0.001, -1, stage, 4, lane)
 
     rank0 = [ev("forward", 0, 0.0, 0, 0), ev("recv_grad", 0, 0.1, 0, 1), ev("send_act", 0, 0.2, 0, 0),
-             ev("backward", 0, 0.5, 0, 1), ev("update", -1, 0.6, 0, 1)]
+             ev("forward", 1, 0.3, 0, 0), ev("backward", 0, 0.5, 0, 1), ev("update", -1, 0.6, 0, 1)]
     rank1 = [ev("recv_act", 0, 0.0, 1, 0), ev("forward", 0, 0.3, 1, 0), ev("backward", 0, 0.35, 1, 1),
              ev("send_grad", 0, 0.4, 1, 1), ev("update", -1, 0.45, 1, 1)]
 
-    def tasks(events):
-        return [Task(e.op, e.stage, e.mb, 0.0 if e.op.startswith("recv") else 1.0, 10.0, e.iteration) for e in events]
+    def tasks(events, lanes=True):
+        return [Task(e.op, e.stage, e.mb, 0.0 if e.op.startswith("recv") else 1.0, 10.0, e.iteration,
+                     lane=e.lane if lanes else 0) for e in events]
 
     with pytest.raises(ValueError, match="deadlock"):
-        simulate([tasks(rank0), tasks(rank1)], FREE)
-    ordered = serial_order(rank0)
-    assert [e.op for e in ordered] == ["forward", "send_act", "recv_grad", "backward", "update"]
-    assert serial_order(rank1) == rank1  # its receive already comes before its compute
-    single = [e._replace(lane=0) for e in rank0]
-    assert serial_order(single) == single  # one lane: the traced order is the executor's
-    spans = simulate([tasks(ordered), tasks(serial_order(rank1))], FREE)
-    assert [len(s) for s in spans] == [5, 5]
+        simulate([tasks(rank0, lanes=False), tasks(rank1, lanes=False)], FREE)
+    spans = simulate([tasks(rank0), tasks(rank1)], FREE)
+    assert [len(s) for s in spans] == [6, 5]
+    at = {(r, s.task.op, s.task.mb): (s.start, s.end) for r, rank in enumerate(spans) for s in rank}
+    # rank 0: forward 0 [0, 1], send [1, 2], forward 1 [2, 3] on lane 0; rank 1's forward [2, 3], backward [3, 4]
+    # (it waits for its own forward), send_grad [4, 5]; rank 0's backward [5, 6] while its forward lane is done
+    assert at[(0, "forward", 1)] == (2.0, 3.0)
+    assert at[(1, "backward", 0)][0] == at[(1, "forward", 0)][1] == 3.0
+    assert at[(0, "backward", 0)] == (5.0, 6.0)
+    assert at[(0, "recv_grad", 0)][0] == 0.0  # the backward lane posted its receive at once
+    assert busy_s(spans, 0) == pytest.approx((5 + 4) / 2)
+
+
+def test_a_ranks_lanes_end_a_step_together():
+    """LaneExecutor.run returns when both lanes ended the step: a lane's next step waits for the other lane."""
+    from harness.project.simulate import Task, simulate
+
+    rank = [Task("forward", 0, 0, 1.0, step=0, lane=0), Task("backward", 0, 0, 5.0, step=0, lane=1),
+            Task("forward", 0, 1, 1.0, step=1, lane=0), Task("backward", 0, 1, 1.0, step=1, lane=1)]
+    spans = simulate([rank], FREE)[0]
+    assert [(s.start, s.end) for s in spans] == [(0.0, 1.0), (1.0, 6.0), (6.0, 7.0), (7.0, 8.0)]
+
+
+def test_lanes_overlap_and_busy_time_counts_them_once():
+    """A backward whose forward ran before the simulated window does not wait: the two lanes compute at once, and
+    the rank's busy time is the union of their spans."""
+    from harness.project.simulate import Task, busy_s, simulate
+
+    spans = simulate([[Task("forward", 0, 1, 2.0, lane=0), Task("backward", 0, 0, 3.0, lane=1)]], FREE)
+    assert [(s.start, s.end) for s in spans[0]] == [(0.0, 2.0), (0.0, 3.0)]
+    assert busy_s(spans, 0) == pytest.approx(3.0)
+
+
+def test_a_pipeline_wider_than_the_model_is_copied_and_its_copies_all_reduce_before_each_update():
+    """64 ranks and 3 blocks: the deepest pipeline of the method's schedule that fits (2 ranks; 64 is even), 32
+    copies of it each on 1/32 of the batch, and before every update a sync whose all-reduce spans the 32 copies."""
+    from harness.project.links import ring_all_reduce_s
+    from harness.project.pipemodel import hybrid_shape
+    from harness.project.simulate import Task, simulate
+
+    assert hybrid_shape("gpipe", 64, 4, 3) == (2, 32)
+    assert hybrid_shape("gpipe", 6, 4, 3) == (3, 2)
+    assert hybrid_shape("interleaved-1f1b", 8, 4, 4) == (2, 4)  # 2 stages per rank: 2 ranks hold 4 stages
+    with pytest.raises(ValueError, match="fits the model's 1 blocks"):
+        hybrid_shape("interleaved-1f1b", 2, 4, 1)
+    link = link_of("1gbit")
+    spans = simulate([[Task("sync_grads", 0, -1, 0.0, 4e6, peers=32), Task("update", 0, -1, 1.0)]], link)[0]
+    assert spans[0].end == pytest.approx(ring_all_reduce_s(4e6, 32, link))
+    assert spans[1].start == spans[0].end

@@ -20,9 +20,13 @@ def add(verbs) -> None:
                     "all-reduce / all-gather by the alpha-beta model. Pipelines: the traced step's actions with "
                     "their measured durations and message sizes through a discrete-event simulator (every "
                     "built-in pipeline also at other stage counts: its own steady-state step with per-block "
-                    "costs). Time to target = projected "
-                    "step time x the steps the calibration runs needed (same global batch). Writes projection.csv "
-                    "and projection.png to SUITE_DIR/report/ and prints the table; formulas in docs/projection.md.",
+                    "costs; on more ranks than the model has blocks, copies of the deepest pipeline that fits, "
+                    "all-reducing each stage's gradients before its update). Held-out runs whose ranks shared "
+                    "a host's cores (--validate) are projected with that sharing. Time to target = projected "
+                    "step time x the steps the calibration runs needed (same global batch). Writes projection.csv, "
+                    "projection.png and projection.html (a figure per configuration, labelled a projection, with "
+                    "its method's validation error beside it) to SUITE_DIR/report/ and prints the table; formulas "
+                    "in docs/projection.md.",
         epilog="Exit codes: 0 written; 2 bad input (nothing written). Reading the error bar: with --validate the "
                "median and max |projected/measured - 1| over held-out configurations is how far to trust a "
                "projection of the same kind.")
@@ -58,6 +62,10 @@ def add(verbs) -> None:
                               "their errors, and write projection_validation.csv and .png")
     project.add_argument("--baseline", metavar="LABEL",
                          help="the configuration speed-ups are measured against (default: the first ddp one)")
+    project.add_argument("--validation", type=Path, default=None, metavar="PATH",
+                         help="where the page's validation errors come from when this suite has no held-out runs "
+                              "(or no --validate): a projection_validation.csv, or a results folder holding one in "
+                              "report/, e.g. results/projection-ranks after dtbench project --validate on it")
     project.add_argument("--reprofile", action="store_true",
                          help="measure the block costs again instead of reading report/projection_profiles.json")
     project.add_argument("--out", type=Path, default=None, help="output folder (default: SUITE_DIR/report)")
@@ -109,7 +117,7 @@ def project_verb(args: argparse.Namespace, argv: list[str]) -> int:
 
     try:
         write_projection(args.suite_dir, args.out or args.suite_dir / "report", settings, sizes, networks,
-                         args.baseline, args.validate, args.reprofile)
+                         args.baseline, args.validate, args.reprofile, args.validation)
     except ValueError as exc:
         return fail(str(exc))
     return 0

@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scipy.optimize import brentq
 
 from harness.project.dataparallel import DataParallelCosts, data_parallel_step, ddp_buckets
+from harness.project.host import DEDICATED, Host, host_of
 from harness.project.links import Link
 from harness.project.measured import RunMeasure
 from harness.project.model import Projected, weighted
@@ -23,7 +24,9 @@ class DataParallelModel:
 
     profile: the model's block costs over batch sizes; scale: in-run compute / profiled compute (the contention of
     the calibration runs, which every projected compute keeps); compress_s, decompress_s: per step at the
-    calibration world size; payload_mix: (payload / fp32 bytes, share of steps); collective: how payloads travel.
+    calibration world size; payload_mix: (payload / fp32 bytes, share of steps); collective: how payloads travel;
+    host_factor: how much sharing its host's cores slowed the calibration's compute (1 when every rank had its own;
+    host.Host.all_at_once), taken out of every projection.
     """
 
     label: str
@@ -32,6 +35,7 @@ class DataParallelModel:
     world_size: int
     profile: BlockCosts
     scale: float = 1.0
+    host_factor: float = 1.0
     compress_s: float = 0.0
     decompress_s: float = 0.0
     payload_mix: list[tuple[float, float]] = field(default_factory=lambda: [(1.0, 1.0)])
@@ -49,13 +53,19 @@ class DataParallelModel:
                                   self.compress_s, decode, payload_ratio, self.collective)
         return costs.scaled(self.scale if scale is None else scale), extrapolated
 
-    def project(self, world_size: int, link: Link, batch: int | None = None, scale: float | None = None
-                ) -> Projected:
-        """The mean step over the payload mix (dataparallel.data_parallel_step for each payload ratio)."""
+    def project(self, world_size: int, link: Link, batch: int | None = None, scale: float | None = None,
+                host: Host = DEDICATED) -> Projected:
+        """The mean step over the payload mix (dataparallel.data_parallel_step for each payload ratio). On a host
+        whose cores the ranks share, every rank computes at once: compute and compression compute are slowed by
+        host.all_at_once() over the calibration's own (host_factor)."""
         batch = batch or self.batch_size
         parts, notes = [], list(self.notes)
+        sharing = host.all_at_once() / self.host_factor
         for ratio, share in self.payload_mix:
             costs, extrapolated = self.costs(world_size, batch, ratio, scale)
+            if sharing != 1.0:
+                costs = replace(costs.scaled(sharing), compress_s=costs.compress_s * sharing,
+                                decompress_s=costs.decompress_s * sharing)
             parts.append((data_parallel_step(costs, world_size, link), share))
         if extrapolated:
             notes.append(f"per-rank batch {batch / world_size:g} outside the profiled sizes: compute extrapolated")
@@ -69,8 +79,9 @@ def calibrate_data_parallel(measures: Sequence[RunMeasure], profile: BlockCosts,
     configuration at the calibration world size and network) on `link`: step(scale) = measured, solved by Brent's
     method on [1e-3, 1e3] (step grows with the scale)."""
     first = measures[0]
+    host = host_of(first.spec, first.run.manifest)
     model = DataParallelModel(first.label, str(first.spec.get("method")), first.batch_size, first.world_size,
-                              profile)
+                              profile, host_factor=host.all_at_once())
     compression = [m.compression for m in measures if "payload_bytes" in m.compression]
     if compression:
         model.compress_s = statistics.fmean(c.get("compress_s", 0.0) for c in compression)
@@ -80,7 +91,10 @@ def calibrate_data_parallel(measures: Sequence[RunMeasure], profile: BlockCosts,
         if first.collective is None:
             model.notes.append(f"collective not recorded: assumed {model.collective}")
     measured = statistics.fmean(m.step_s for m in measures)
-    gap = lambda scale: model.project(model.world_size, link, scale=scale).parts.step_s - measured  # noqa: E731
+
+    def gap(scale: float) -> float:  # on the calibration's own host: its sharing is in what it measured
+        return model.project(model.world_size, link, scale=scale, host=host).parts.step_s - measured
+
     if gap(1e-3) >= 0:
         model.scale = 1e-3
         model.notes.append("communication and compression alone exceed the measured calibration step")

@@ -9,6 +9,7 @@ import pandas as pd
 
 from harness.project.crossover import crossover_table
 from harness.project.figures import plot_projection, plot_validation
+from harness.project.page import read_validation, write_page
 from harness.project.suite import Settings, calibrate_suite
 from harness.project.tables import (
     TTT_ASSUMPTION,
@@ -28,9 +29,13 @@ def percent(value: float) -> str:
 
 
 def write_projection(suite_dir: Path, out: Path, settings: Settings, world_sizes: Sequence[int],
-                     networks: Sequence[str], baseline: str | None, validate: bool, reprofile: bool) -> None:
-    """Calibrate, project, write and print. ValueError (one line) when nothing can be calibrated; nothing is
-    written then but the block-cost cache."""
+                     networks: Sequence[str], baseline: str | None, validate: bool, reprofile: bool,
+                     validation_from: Path | None = None) -> None:
+    """Calibrate, project, write and print, and the page (projection.html) with each method's validation beside
+    its figures: this suite's held-out runs with `validate`, else `validation_from`'s projection_validation.csv.
+    ValueError (one line) when nothing can be calibrated or validation_from has no validation; nothing is written
+    then but the block-cost cache."""
+    outside = read_validation(validation_from) if validation_from is not None else None
     suite = calibrate_suite(suite_dir, settings, out, reprofile)
     chosen = choose_baseline(suite, baseline)
     table = projection_table(suite, world_sizes, networks, settings, chosen)
@@ -59,8 +64,15 @@ def write_projection(suite_dir: Path, out: Path, settings: Settings, world_sizes
         print(crossovers.to_string(index=False))
     print(f"written: {out / 'projection.csv'}, {out / 'projection.png'}"
           + (f", {out / 'projection_crossover.csv'}" if len(crossovers) else ""))
-    if validate:
-        write_validation(suite, settings, out)
+    validation = write_validation(suite, settings, out) if validate else None
+    if validation is None or validation.empty:
+        validation = outside
+    heading = (f"Calibrated on {where} at {suite.world_size} ranks ({len(suite.calibrations)} configurations); "
+               f"projected onto links of {', '.join(networks)} (payload {settings.efficiency:.3f} of the rate, "
+               f"latency {settings.latency_s * 1e6:g} us), one rank per node.")
+    page = write_page(table, validation, heading, out, list(world_sizes))
+    print(f"written: {page}" + ("" if validation is not None else " (no validation: pass --validation with a "
+                                "suite's projection_validation.csv, e.g. results/projection-ranks)"))
 
 
 def write_validation(suite, settings: Settings, out: Path) -> pd.DataFrame:

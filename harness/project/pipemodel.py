@@ -6,18 +6,20 @@ calibrated on its measured runs."""
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from harness.project.dataparallel import StepParts
+from harness.project.host import DEDICATED, Host, host_of, scaled, shared_run, sharing
 from harness.project.links import Link
 from harness.project.measured import RunMeasure
 from harness.project.model import Projected
 from harness.project.profile import BlockCosts
 from harness.project.simulate import SENDS, Task, busy_s, period_s, simulate, simulated_bubble
 from harness.toolkit import uniform_split
-from harness.trace import ScheduledAction, StepSchedule, TraceEvent
+from harness.trace import ScheduledAction, StepSchedule
 
 #: Consecutive steps simulated to reach the steady state (the period is taken over the second half).
 SIMULATED_STEPS = 8
@@ -66,6 +68,15 @@ def forwards_per_step(step: StepSchedule) -> int:
     return max(1, sum(_op(a) == "forward" for a in step.ranks[0]))
 
 
+def hybrid_shape(method: str, world_size: int, microbatches: int, blocks: int) -> tuple[int, int]:
+    """(ranks per pipeline, data-parallel copies of it) for `world_size` ranks: the most ranks per pipeline, a
+    divisor of world_size, whose schedule's stages fit `blocks`; ValueError when not even one rank's does."""
+    for ranks in sorted((d for d in range(1, world_size + 1) if world_size % d == 0), reverse=True):
+        if required_step_schedule(method, ranks, microbatches).stage_count <= blocks:
+            return ranks, world_size // ranks
+    raise ValueError(f"no pipeline of {method}'s schedule fits the model's {blocks} blocks")
+
+
 def schedule_tasks(step: StepSchedule, stages: Sequence[StageCosts], steps: int) -> list[list[Task]]:
     """The step's actions as tasks with `stages`' costs (rank r runs stage r), repeated for `steps` steps. A send's
     bytes: an activation is its stage's output; a gradient sent back by stage s has the size of stage s-1's."""
@@ -78,7 +89,8 @@ def schedule_tasks(step: StepSchedule, stages: Sequence[StageCosts], steps: int)
                         "send_act": cost.send_s, "send_grad": cost.send_s}.get(op, 0.0)
             nbytes = {"send_act": cost.output_bytes,
                       "send_grad": stages[a.stage - 1].output_bytes if a.stage else 0.0}.get(op, 0.0)
-            tasks.append(Task(op, a.stage, -1 if a.mb is None else a.mb, duration, nbytes, a.iteration))
+            tasks.append(Task(op, a.stage, -1 if a.mb is None else a.mb, duration, nbytes, a.iteration,
+                              lane=step.lane(op)))
         template.append(tasks)
     return repeat(template, steps, step.shift, step.iteration_shift)
 
@@ -101,14 +113,19 @@ def repeat(template: Sequence[Sequence[Task]], steps: int, shift: int, iteration
     shifted by `shift` per step and iteration ids (an update's too: the iteration it closes) by `iteration_shift`,
     so messages never mix steps; an update (mb -1) keeps its microbatch id."""
     return [[Task(t.op, t.stage, t.mb + r * shift if t.mb >= 0 else t.mb, t.duration_s, t.nbytes,
-                  t.iteration + r * iteration_shift, r)
+                  t.iteration + r * iteration_shift, r, t.lane, t.peers)
              for r in range(steps) for t in rank] for rank in template]
 
 
-def run_tasks(ranks: list[list[Task]], link: Link) -> tuple[float, float, float, float]:
-    """(period, period on a free link, mean busy time per rank, bubble) of simulated steps."""
-    spans = simulate(ranks, link)
-    free = simulate(ranks, FREE)
+def run_tasks(ranks: list[list[Task]], link: Link, host: Host = DEDICATED, calibrated: float = 1.0
+              ) -> tuple[float, float, float, float]:
+    """(period, period on a free link, mean busy time per rank, bubble) of simulated steps. On a host whose cores
+    the ranks share (a held-out run of a small machine), compute is slowed by the sharing the step implies
+    (host.shared_run), from durations with the calibration's own sharing `calibrated` taken out."""
+    base = scaled(ranks, 1 / calibrated) if calibrated != 1.0 else ranks
+    window = set(range(SIMULATED_STEPS // 2, SIMULATED_STEPS))
+    spans, _ = shared_run(base, host, lambda tasks: simulate(tasks, link), window)
+    free, _ = shared_run(base, host, lambda tasks: simulate(tasks, FREE), window)
     last = SIMULATED_STEPS - 1
     return period_s(spans), period_s(free), busy_s(spans, last), simulated_bubble(spans, last)
 
@@ -137,6 +154,7 @@ class PipelineModel:
     send_s: float = 0.0
     wire_ratio: float = 1.0
     generated_overhead_s: float = math.nan
+    host_factor: float = 1.0
     notes: list[str] = field(default_factory=list)
 
     def same_shape(self, world_size: int, batch: int, microbatches: int, ranges: list[tuple[int, int]] | None
@@ -160,24 +178,38 @@ class PipelineModel:
 
     def generated(self, world_size: int, batch: int, microbatches: int,
                   ranges: Sequence[tuple[int, int]] | None) -> tuple[list[list[Task]], list[str]]:
-        """Tasks of the method's own schedule at this shape (one stage per rank) and notes; ValueError when none can
-        be made."""
-        step = required_step_schedule(self.method, world_size, microbatches)
+        """Tasks of the method's own schedule at this shape and notes; ValueError when none can be made. Given no
+        partition, the pipeline is the deepest one (one stage per rank, several for an interleaved schedule) whose
+        stages fit the model's blocks with its ranks dividing `world_size`; the other ranks hold copies of it, each
+        on batch / copies samples, that all-reduce each stage's gradients before its update (hybrid_shape)."""
         if self.profile is None or not self.forward_scale:
             raise ValueError("no block costs to re-shape the pipeline")
+        copies, notes = 1, []
         if ranges is None:
-            if step.stage_count > self.profile.blocks:
-                raise ValueError(f"{step.stage_count} stages need at least {step.stage_count} blocks "
-                                 f"(the model has {self.profile.blocks})")
+            ranks, copies = hybrid_shape(self.method, world_size, microbatches, self.profile.blocks)
+            step = required_step_schedule(self.method, ranks, microbatches)
             ranges = uniform_split(self.profile.blocks, step.stage_count)
+            if copies > 1:
+                notes.append(f"{ranks} ranks per pipeline x {copies} data-parallel copies (the model has "
+                             f"{self.profile.blocks} blocks)")
+        else:
+            step = required_step_schedule(self.method, world_size, microbatches)
         count = forwards_per_step(step)
-        stages, extrapolated = self.stage_costs(ranges, batch / count)
-        notes = [f"microbatch {batch / count:g} outside the profiled sizes: compute extrapolated"] if extrapolated \
-            else []
-        return schedule_tasks(step, stages, SIMULATED_STEPS), notes
+        if batch / copies / count < 1:
+            raise ValueError(f"batch {batch} over {copies} copies x {count} microbatches is under one sample each")
+        stages, extrapolated = self.stage_costs(ranges, batch / copies / count)
+        if extrapolated:
+            notes.append(f"microbatch {batch / copies / count:g} outside the profiled sizes: compute extrapolated")
+        tasks = schedule_tasks(step, stages, SIMULATED_STEPS)
+        if copies > 1:
+            param_bytes = [sum(sum(self.profile.param_bytes[b]) for b in range(a, e)) for a, e in ranges]
+            tasks = [[x for t in rank for x in ([Task("sync_grads", t.stage, -1, 0.0, param_bytes[t.stage],
+                                                      t.iteration, t.step, t.lane, copies)] if t.op == "update"
+                                                else []) + [t]] for rank in tasks]
+        return tasks, notes
 
     def project(self, world_size: int, link: Link, batch: int | None = None, microbatches: int | None = None,
-                ranges: list[tuple[int, int]] | None = None) -> Projected:
+                ranges: list[tuple[int, int]] | None = None, host: Host = DEDICATED) -> Projected:
         """The traced step on `link` when the shape is the calibration's, else a generated order."""
         batch, microbatches = batch or self.batch_size, microbatches or self.microbatches
         notes = list(self.notes)
@@ -191,7 +223,7 @@ class PipelineModel:
                 return Projected.missing(str(exc))
             overhead = self.generated_overhead_s
             notes += more + ["generated order: per-block costs at the new microbatch"]
-        period, free, busy, bubble = run_tasks(ranks, link)
+        period, free, busy, bubble = run_tasks(ranks, link, host, self.host_factor)
         step = period + overhead
         parts = StepParts(step_s=step, compute_s=busy, exposed_comm_s=period - free, bubble_s=free - busy,
                           other_s=overhead)
@@ -199,7 +231,8 @@ class PipelineModel:
 
 
 def template_tasks(measure: RunMeasure) -> tuple[list[list[Task]], int, int]:
-    """The last traced step as tasks per worker, with each (worker, op, stage)'s duration over the traced steps
+    """The last traced step as tasks per worker, each on the lane that ran it (Q-FB's forward and backward threads;
+    a lane's events in start order are its list), with each (worker, op, stage)'s duration over the traced steps
     (the measure's quantile, the median by default), and the shifts of microbatch and iteration ids from one step
     to the next (step_shifts)."""
     durations = measure.durations()
@@ -208,40 +241,15 @@ def template_tasks(measure: RunMeasure) -> tuple[list[list[Task]], int, int]:
     ranks = []
     for worker in sorted(step):
         tasks = []
-        for e in serial_order(step[worker]):
+        for e in step[worker]:
             if e.op in SENDS:
                 nbytes = measure.message_bytes.get((SENDS[e.op], e.stage), 0.0)
             else:
                 nbytes = param_bytes.get(e.stage, 0.0) if e.op == "sync_grads" else 0.0
             own = durations[(worker, e.op, e.stage)] if e.op not in ("recv_act", "recv_grad", "sync_grads") else 0.0
-            tasks.append(Task(e.op, e.stage, e.mb, own, nbytes, e.iteration))
+            tasks.append(Task(e.op, e.stage, e.mb, own, nbytes, e.iteration, lane=e.lane))
         ranks.append(tasks)
     return ranks, *step_shifts(measure)
-
-
-#: The compute that consumes what a receive brings: (receive op) -> (compute op) of the same stage, iteration and mb.
-CONSUMER = {"recv_act": "forward", "recv_grad": "backward"}
-
-
-def serial_order(events: Sequence[TraceEvent]) -> list[TraceEvent]:
-    """A worker's traced events as one list the simulator can run in order. One lane's events are that list as
-    traced. A worker that ran two lanes (Q-FB's forward and backward threads) has no single order: by start time a
-    backward lane's receive may come before the forward lane's send it causally follows (the thread posted it
-    early), and run serially that deadlocks. Its events keep their start order, but each receive moves to just
-    before the compute that consumes it, which started only after the message came, so after every send that
-    message needed; a receive whose compute is not in the step keeps its place."""
-    if len({e.lane for e in events}) < 2:
-        return list(events)
-    computes = {(e.op, e.stage, e.iteration, e.mb) for e in events if e.op in CONSUMER.values()}
-    moved = {(CONSUMER[e.op], e.stage, e.iteration, e.mb): e for e in events
-             if e.op in CONSUMER and (CONSUMER[e.op], e.stage, e.iteration, e.mb) in computes}
-    out = []
-    for e in events:
-        if e.op in CONSUMER and (CONSUMER[e.op], e.stage, e.iteration, e.mb) in moved:
-            continue
-        before = moved.get((e.op, e.stage, e.iteration, e.mb))
-        out += [before, e] if before is not None else [e]
-    return out
 
 
 def step_shifts(measure: RunMeasure) -> tuple[int, int]:
@@ -270,9 +278,31 @@ def step_shifts(measure: RunMeasure) -> tuple[int, int]:
 
 
 def stage_ranges(measure: RunMeasure) -> list[tuple[int, int]]:
-    """Each stage's [start, end) blocks, from partition.json."""
-    stages = (measure.partition or {}).get("stages") or []
-    return [(int(s["blocks"][0]), int(s["blocks"][1])) for s in stages]
+    """Each stage's [start, end) blocks, from partition.json; for a partition cut on the model's layer graph
+    (APapo's graph_plan), graph_ranges."""
+    partition = measure.partition or {}
+    if "graph_plan" in partition:
+        return graph_ranges(partition["graph_plan"].get("stages") or [])
+    return [(int(s["blocks"][0]), int(s["blocks"][1])) for s in partition.get("stages") or []]
+
+
+def graph_ranges(stages: Sequence[dict]) -> list[tuple[int, int]]:
+    """Block ranges for stages cut on a layer graph whose nodes are named '_<block>_<layer>' (and torch.fx's own
+    names for functions between them): each block goes to the stage holding most of its named nodes (the earlier
+    one on a tie), so a cut inside a block is read as the nearest block boundary. [] when the names say nothing or
+    the stages' blocks are not in order."""
+    held: dict[int, list[int]] = {}
+    for s, stage in enumerate(stages):
+        for name in stage.get("node_names") or []:
+            match = re.match(r"_(\d+)_", str(name))
+            if match:
+                held.setdefault(int(match.group(1)), [0] * len(stages))[s] += 1
+    if not held or sorted(held) != list(range(len(held))):
+        return []
+    owner = [max(range(len(stages)), key=lambda s: (held[b][s], -s)) for b in sorted(held)]
+    if owner != sorted(owner) or set(owner) != set(range(len(stages))):
+        return []
+    return [(owner.index(s), len(owner) - owner[::-1].index(s)) for s in range(len(stages))]
 
 
 def stage_param_bytes(measure: RunMeasure) -> dict[int, float]:
@@ -294,7 +324,11 @@ def calibrate_pipeline(measures: Sequence[RunMeasure], profile: BlockCosts | Non
     model = PipelineModel(first.label, str(first.spec.get("method")), first.batch_size, first.microbatches,
                           first.world_size, ranges, template, shift, iteration_shift, profile=profile)
     measured = statistics.fmean(m.step_s for m in measures)
-    model.overhead_s = measured - run_tasks(repeat(template, SIMULATED_STEPS, shift, iteration_shift), link)[0]
+    repeated = repeat(template, SIMULATED_STEPS, shift, iteration_shift)
+    host = host_of(first.spec, first.run.manifest)
+    if host.oversubscribed:  # its durations carry the sharing of its own host's cores
+        model.host_factor = sharing(simulate(repeated, link), host, set(range(SIMULATED_STEPS // 2, SIMULATED_STEPS)))
+    model.overhead_s = measured - run_tasks(repeated, link, host, model.host_factor)[0]
     if profile is None or not ranges or ranges[-1][1] != profile.blocks:
         model.notes.append("no block costs matching the partition: projections keep the traced shape")
         return model
@@ -302,7 +336,7 @@ def calibrate_pipeline(measures: Sequence[RunMeasure], profile: BlockCosts | Non
     step = step_schedule(model.method, model.world_size, model.microbatches)
     if step is not None and len(set(model.ranges)) == len(model.ranges) == step.stage_count:
         ranks, _ = model.generated(model.world_size, model.batch_size, model.microbatches, model.ranges)
-        model.generated_overhead_s = measured - run_tasks(ranks, link)[0]
+        model.generated_overhead_s = measured - run_tasks(ranks, link, host, model.host_factor)[0]
     return model
 
 

@@ -1,8 +1,9 @@
 """A discrete-event simulator of per-rank action lists with durations: compute, sends and receives over shared
-links, and gradient syncs between replicas. Pure: no processes, no clocks."""
+links, gradient syncs between replicas, and a rank's lanes (threads) at once. Pure: no processes, no clocks."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,7 +18,10 @@ RECEIVES = {"recv_act": "act", "recv_grad": "grad"}
 class Task:
     """One action of a rank. duration_s is the rank's own time on it (compute, or a send's local cost: encoding and
     launching); a receive takes no time of its own beyond waiting for its message. nbytes: the payload of a send or
-    of a sync_grads (the stage's gradients). `step` says which simulated step (repetition) it belongs to."""
+    of a sync_grads (the stage's gradients). `step` says which simulated step (repetition) it belongs to. `lane`:
+    which of the rank's lanes (threads) runs it; a rank's lanes run at the same time (Q-FB's forward and backward
+    threads), each its own tasks in list order. `peers`: a sync_grads that stands for this many copies of the
+    simulated ranks in lockstep (data-parallel copies of a pipeline): its all-reduce spans them all."""
 
     op: str
     stage: int
@@ -26,6 +30,8 @@ class Task:
     nbytes: float = 0.0
     iteration: int = 0
     step: int = 0
+    lane: int = 0
+    peers: int = 1
 
     @property
     def message(self) -> Message:
@@ -49,128 +55,168 @@ class Span:
 def simulate(ranks: Sequence[Sequence[Task]], link: Link) -> list[list[Span]]:
     """Run every rank's task list (ranks x tasks) and return the spans (ranks x tasks, in list order).
 
-    Each rank runs its tasks in order, as the pipeline executor does (methods/pipeline/core/executor.py):
-    - a compute or send task runs for its duration as soon as the previous one ended;
-    - a rank posts the receives of a step when it starts that step, and a message moves only once the sender got
+    Each lane of a rank runs its tasks in list order, as the pipeline executor does (methods/pipeline/core/
+    executor.py; a rank with one lane is one executor, Q-FB's two lanes are two, one per thread):
+    - a compute or send task runs for its duration as soon as the lane's previous one ended;
+    - a lane posts the receives of a step when it starts that step, and a message moves only once the sender got
       the receiver's ready notice (gloo sends an unbound buffer only then; measured: an isend completes when the
       receive is posted); the notice leaves behind what the receiver's own link is carrying then (one byte stream
       per pair) and takes alpha. The message starts at max(send end, notice, sender's egress free, receiver's
       ingress free), occupies both links for its bytes over B (less the tokens of a burst), and arrives alpha
       later; a receive ends at max(its start, the arrival); a receive whose
       message no task of the simulation sends (sent before the simulated window) does not wait;
-    - before a rank starts step r+1 its sends of step r-1 must have completed (the executor waits for them at the
-      end of step r);
-    - a sync_grads waits for every rank that has the same sync (stage, round, iteration, step), then all of them
+    - before a lane starts step r+1 its sends of step r-1 must have completed (the executor waits for them at the
+      end of step r), and every lane of its rank must have ended step r (the rank's step returns when all its
+      lanes did);
+    - a backward waits for the forward of the same microbatch on its rank (two lanes: LaneStage waits for it);
+    - a sync_grads waits for every lane that has the same sync (stage, round, iteration, step), then all of them
       spend the ring all-reduce of its bytes over their count.
-    Ranks are advanced in the order of their clocks. Raises ValueError on a deadlock, naming the waiting tasks.
+    Lanes share their rank's links. Lanes are advanced in the order of their clocks. Raises ValueError on a
+    deadlock, naming the waiting tasks.
     """
     sim = _Simulation(ranks, link)
     while True:
         sim.begin_steps()
-        ready = [r for r in range(len(ranks)) if sim.position[r] < len(ranks[r]) and sim.can_run(r)]
+        ready = [w for w in range(len(sim.lanes)) if sim.position[w] < len(sim.lanes[w]) and sim.can_run(w)]
         if not ready:
-            stuck = [f"rank {r}: {ranks[r][sim.position[r]]}" for r in range(len(ranks))
-                     if sim.position[r] < len(ranks[r])]
+            stuck = [f"rank {sim.rank_of[w]}: {sim.task(w)}" for w in range(len(sim.lanes))
+                     if sim.position[w] < len(sim.lanes[w])]
             if stuck:
                 raise ValueError("deadlock: " + "; ".join(stuck))
-            return sim.spans
-        sim.run(min(ready, key=lambda rank: sim.clock[rank]))
+            return [[span for span in rank if span is not None] for rank in sim.spans]
+        sim.run(min(ready, key=lambda w: sim.clock[w]))
 
 
 class _Simulation:
-    """The state of one simulation: clocks, positions, posted steps, messages in flight, links and syncs."""
+    """The state of one simulation: per lane (a rank's tasks of one lane, with their indices in the rank's list)
+    clocks, positions and posted steps; messages in flight, links (per rank) and syncs."""
 
     def __init__(self, ranks: Sequence[Sequence[Task]], link: Link):
         self.ranks, self.link = ranks, link
+        self.lanes: list[list[tuple[int, Task]]] = []
+        self.rank_of: list[int] = []
+        for r, tasks in enumerate(ranks):
+            for lane in sorted({t.lane for t in tasks}):
+                self.lanes.append([(i, t) for i, t in enumerate(tasks) if t.lane == lane])
+                self.rank_of.append(r)
+        self.siblings = {r: [w for w in range(len(self.lanes)) if self.rank_of[w] == r] for r in range(len(ranks))}
         self.sent = {t.message for tasks in ranks for t in tasks if t.op in SENDS}
-        self.receiver = {t.message: (r, t.step) for r, tasks in enumerate(ranks) for t in tasks if t.op in RECEIVES}
+        self.receiver = {t.message: (w, t.step) for w, tasks in enumerate(self.lanes) for _, t in tasks
+                         if t.op in RECEIVES}
+        self.forwards = {(r, t.stage, t.iteration, t.mb) for r, tasks in enumerate(ranks) for t in tasks
+                         if t.op == "forward"}
         self.syncs: dict[tuple, int] = {}
         for tasks in ranks:
             for t in tasks:
                 if t.op == "sync_grads":
                     self.syncs[sync_key(t)] = self.syncs.get(sync_key(t), 0) + 1
-        self.clock = [0.0] * len(ranks)
-        self.position = [0] * len(ranks)
-        self.spans: list[list[Span]] = [[] for _ in ranks]
+        self.clock = [0.0] * len(self.lanes)
+        self.position = [0] * len(self.lanes)
+        self.spans: list[list[Span | None]] = [[None] * len(tasks) for tasks in ranks]
         self.arrival: dict[tuple, float] = {}
         self.done: dict[tuple, float] = {}  # message -> when its transfer ended (the send completes)
-        self.posted: dict[tuple[int, int], float] = {}  # (rank, step) -> when its ready notices reach the senders
+        self.forwarded: dict[tuple, float] = {}  # (rank, stage, iteration, mb) -> when its forward ended
+        self.step_end: dict[tuple[int, int], float] = {}  # (lane, step) -> when the lane's last task of it ended
+        self.posted: dict[tuple[int, int], float] = {}  # (lane, step) -> when its ready notices reach the senders
         self.pending: dict[tuple[int, int], list[tuple[tuple, int, float, float]]] = {}
-        self.sends: dict[tuple[int, int], list[tuple]] = {}  # (rank, step) -> its messages
+        self.sends: dict[tuple[int, int], list[tuple]] = {}  # (lane, step) -> its messages
         self.egress = [TokenBucket(link) for _ in ranks]
         self.ingress = [TokenBucket(link) for _ in ranks]
         self.link_free = [[0.0, 0.0] for _ in ranks]  # per rank: egress, ingress free
         self.waiting: dict[tuple, dict[int, float]] = {}
 
-    def starts_step(self, r: int) -> bool:
-        p = self.position[r]
-        return p == 0 or self.ranks[r][p - 1].step != self.ranks[r][p].step
+    def task(self, w: int) -> Task:
+        return self.lanes[w][self.position[w]][1]
+
+    def starts_step(self, w: int) -> bool:
+        p = self.position[w]
+        return p == 0 or self.lanes[w][p - 1][1].step != self.lanes[w][p][1].step
+
+    def step_over(self, w: int, step: int) -> bool:
+        """Whether lane w has run every task of steps up to `step`."""
+        p = self.position[w]
+        return p >= len(self.lanes[w]) or self.lanes[w][p][1].step > step
 
     def begin_steps(self) -> None:
-        """Every rank at the start of a step whose sends of two steps ago have completed begins it: its clock
-        waits for them, and it posts the step's receives (which lets their messages move)."""
-        for r in range(len(self.ranks)):
-            if self.position[r] >= len(self.ranks[r]) or not self.starts_step(r):
+        """Every lane at the start of a step whose sends of two steps ago have completed, and whose rank's lanes
+        have all ended the step before, begins it: its clock waits for them, and it posts the step's receives
+        (which lets their messages move)."""
+        for w in range(len(self.lanes)):
+            if self.position[w] >= len(self.lanes[w]) or not self.starts_step(w):
                 continue
-            step = self.ranks[r][self.position[r]].step
-            retired = self.sends.get((r, step - 2), [])
-            if (r, step) in self.posted or any(m not in self.done for m in retired):
+            step = self.task(w).step
+            retired = self.sends.get((w, step - 2), [])
+            siblings = self.siblings[self.rank_of[w]]
+            if (w, step) in self.posted or any(m not in self.done for m in retired) or \
+                    not all(self.step_over(v, step - 1) for v in siblings):
                 continue
-            self.clock[r] = max([self.clock[r], *(self.done[m] for m in retired)])
+            self.clock[w] = max([self.clock[w], *(self.done[m] for m in retired),
+                                 *(self.step_end.get((v, step - 1), 0.0) for v in siblings)])
             # the ready notices queue behind what the rank's link already carries (one byte stream per pair)
-            self.posted[(r, step)] = max(self.clock[r], self.link_free[r][0]) + self.link.alpha_s
-            for message, sender, ready, nbytes in self.pending.pop((r, step), []):
-                self.transfer(message, sender, r, ready, nbytes)
+            self.posted[(w, step)] = max(self.clock[w], self.link_free[self.rank_of[w]][0]) + self.link.alpha_s
+            for message, sender, ready, nbytes in self.pending.pop((w, step), []):
+                self.transfer(message, sender, w, ready, nbytes)
 
-    def can_run(self, r: int) -> bool:
-        task = self.ranks[r][self.position[r]]
-        if self.starts_step(r) and (r, task.step) not in self.posted:
+    def can_run(self, w: int) -> bool:
+        task = self.task(w)
+        if self.starts_step(w) and (w, task.step) not in self.posted:
             return False
         if task.op in RECEIVES:
             return task.message in self.arrival or task.message not in self.sent
         if task.op == "sync_grads":
-            return r not in self.waiting.get(sync_key(task), {})
+            return w not in self.waiting.get(sync_key(task), {})
+        if task.op == "backward":
+            own = (self.rank_of[w], task.stage, task.iteration, task.mb)
+            return own in self.forwarded or own not in self.forwards
         return True
 
-    def run(self, r: int) -> None:
-        task = self.ranks[r][self.position[r]]
+    def finish(self, w: int, start: float, end: float) -> None:
+        index, task = self.lanes[w][self.position[w]]
+        self.spans[self.rank_of[w]][index] = Span(task, start, end)
+        self.clock[w] = end
+        self.step_end[(w, task.step)] = end
+        self.position[w] += 1
+
+    def run(self, w: int) -> None:
+        task, r = self.task(w), self.rank_of[w]
         if task.op == "sync_grads":
-            self.sync(r, task)
+            self.sync(w, task)
             return
-        start = self.clock[r]
+        start = self.clock[w]
+        if task.op == "backward":
+            start = max(start, self.forwarded.get((r, task.stage, task.iteration, task.mb), 0.0))
         end = max(start, self.arrival.get(task.message, 0.0)) if task.op in RECEIVES else start + task.duration_s
+        if task.op == "forward":
+            self.forwarded[(r, task.stage, task.iteration, task.mb)] = end
         if task.op in SENDS and task.message in self.receiver:
-            self.sends.setdefault((r, task.step), []).append(task.message)
+            self.sends.setdefault((w, task.step), []).append(task.message)
             destination, step = self.receiver[task.message]
             if (destination, step) in self.posted:
-                self.transfer(task.message, r, destination, end, task.nbytes)
+                self.transfer(task.message, w, destination, end, task.nbytes)
             else:
-                self.pending.setdefault((destination, step), []).append((task.message, r, end, task.nbytes))
-        self.spans[r].append(Span(task, start, end))
-        self.clock[r] = end
-        self.position[r] += 1
+                self.pending.setdefault((destination, step), []).append((task.message, w, end, task.nbytes))
+        self.finish(w, start, end)
 
     def transfer(self, message: tuple, sender: int, destination: int, ready: float, nbytes: float) -> None:
-        """Move a message whose send ended at `ready` and whose receive is posted."""
+        """Move a message whose send (on lane `sender`) ended at `ready` and whose receive (on lane `destination`)
+        is posted."""
         _, step = self.receiver[message]
-        start = max(ready, self.posted[(destination, step)], self.link_free[sender][0],
-                    self.link_free[destination][1])
-        end = start + shaped_seconds(nbytes, start, [self.egress[sender], self.ingress[destination]])
-        self.link_free[sender][0] = self.link_free[destination][1] = end
+        source, target = self.rank_of[sender], self.rank_of[destination]
+        start = max(ready, self.posted[(destination, step)], self.link_free[source][0], self.link_free[target][1])
+        end = start + shaped_seconds(nbytes, start, [self.egress[source], self.ingress[target]])
+        self.link_free[source][0] = self.link_free[target][1] = end
         self.done[message] = end
         self.arrival[message] = end + self.link.alpha_s
 
-    def sync(self, r: int, task: Task) -> None:
+    def sync(self, w: int, task: Task) -> None:
         key = sync_key(task)
-        self.waiting.setdefault(key, {})[r] = self.clock[r]
+        self.waiting.setdefault(key, {})[w] = self.clock[w]
         if len(self.waiting[key]) < self.syncs[key]:
             return  # until the last member arrives, can_run keeps the waiting ones out
         start = max(self.waiting[key].values())
-        end = start + ring_all_reduce_s(task.nbytes, self.syncs[key], self.link)
+        end = start + ring_all_reduce_s(task.nbytes, self.syncs[key] * task.peers, self.link)
         for member in self.waiting.pop(key):
-            self.spans[member].append(Span(self.ranks[member][self.position[member]], start, end))
-            self.clock[member] = end
-            self.position[member] += 1
+            self.finish(member, start, end)
 
 
 def sync_key(task: Task) -> tuple[int, int, int, int]:
@@ -198,9 +244,17 @@ def period_s(spans: Sequence[Sequence[Span]]) -> float:
 
 
 def busy_s(spans: Sequence[Sequence[Span]], step: int) -> float:
-    """Mean over ranks of the time spent in compute and send tasks of one step."""
-    per_rank = [sum(s.end - s.start for s in rank if s.task.step == step and (
-        s.task.op in COMPUTE_OPS or s.task.op in SENDS)) for rank in spans]
+    """Mean over ranks of the time a rank spent in compute and send tasks of one step (the union over its lanes:
+    two lanes busy at once count once)."""
+    per_rank = []
+    for rank in spans:
+        intervals = sorted((s.start, s.end) for s in rank if s.task.step == step and (
+            s.task.op in COMPUTE_OPS or s.task.op in SENDS))
+        covered, reach = 0.0, -math.inf
+        for start, end in intervals:
+            covered += max(0.0, end - max(start, reach))
+            reach = max(reach, end)
+        per_rank.append(covered)
     return sum(per_rank) / len(per_rank)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from harness.project.dpmodel import DataParallelModel
+from harness.project.host import DEDICATED, Host, host_of
 from harness.project.measured import RunMeasure, config_label
 from harness.project.model import Projected
 from harness.project.pipemodel import PipelineModel, stage_ranges
@@ -27,13 +28,15 @@ TTT_ASSUMPTION = ("time to target = projected step time x the steps the calibrat
 
 def project_one(calibration: Calibration, world_size: int, network: str, settings: Settings,
                 batch: int | None = None, microbatches: int | None = None,
-                ranges: list[tuple[int, int]] | None = None, emulated: bool | None = None) -> Projected:
-    """One configuration at one world size and network (a Link from settings; emulated as Settings.link)."""
+                ranges: list[tuple[int, int]] | None = None, emulated: bool | None = None,
+                host: Host = DEDICATED) -> Projected:
+    """One configuration at one world size and network (a Link from settings; emulated as Settings.link), its ranks
+    on `host` (default: one rank per node, never waiting for a core)."""
     model = calibration.model
     link = settings.link(network, emulated)
     if isinstance(model, PipelineModel):
-        return model.project(world_size, link, batch, microbatches, ranges)
-    return model.project(world_size, link, batch)
+        return model.project(world_size, link, batch, microbatches, ranges, host)
+    return model.project(world_size, link, batch, host=host)
 
 
 def row(calibration: Calibration, world_size: int, network: str, projected: Projected, batch: int) -> dict:
@@ -150,12 +153,13 @@ def validation_table(suite: CalibratedSuite, settings: Settings) -> pd.DataFrame
         first = runs[0]
         ranges = stage_ranges(first) if first.is_pipeline else None
         projected = project_one(calibration, world_size, network, settings, first.batch_size, first.microbatches,
-                                ranges or None, emulated=True)
+                                ranges or None, emulated=True, host=host_of(first.spec, first.run.manifest))
         out = row(calibration, world_size, network, projected, first.batch_size)
         measured_step = statistics.fmean(m.step_s for m in runs)
         reached = [m.time_to_target_s for m in runs if not math.isnan(m.time_to_target_s)]
         measured_ttt = statistics.fmean(reached) if len(reached) == len(runs) else math.nan
-        rows.append({"label": label, "calibrated_on": calibration.model.label, "world_size": world_size,
+        rows.append({"method": calibration.model.method, "workload": calibration.workload, "label": label,
+                     "calibrated_on": calibration.model.label, "world_size": world_size,
                      "network": network or "loopback", "seeds": len(runs), "measured_step_s": measured_step,
                      "projected_step_s": out["step_time_s"], "step_error": out["step_time_s"] / measured_step - 1,
                      "measured_time_to_target_s": measured_ttt, "projected_time_to_target_s": out["time_to_target_s"],

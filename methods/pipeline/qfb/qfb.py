@@ -20,7 +20,7 @@ from methods.pipeline.core.params import CodecName, PipelineParams
 from methods.pipeline.core.placement import place
 from methods.pipeline.core.versions import Live, WeightPolicy
 from methods.pipeline.qfb.ahead import AheadVersions
-from methods.pipeline.qfb.lanes import LabelledLanes, LaneExecutor, LaneStage, SingleRankLanes
+from methods.pipeline.qfb.lanes import FORWARD_OPS, LabelledLanes, LaneExecutor, LaneStage, SingleRankLanes
 from methods.pipeline.qfb.piecewise import Piecewise
 from methods.pipeline.qfb.schedule import Sync, ahead_lead, qfb_ahead_drain, qfb_ahead_tick, qfb_drain, qfb_tick
 from methods.pipeline.qfb.two_step import TwoStep
@@ -137,11 +137,13 @@ class QFB(PipelineMethod):
     def step_schedule(cls, stages: int, microbatches: int) -> StepSchedule:
         """Window 1 at the default sync ('exact': the window's forwards and backwards in 1F1B order, then the update),
         one list per rank; window 1+k is it with every iteration id plus k (microbatches are numbered per window).
-        The executor's two lanes run the forwards and the backwards of this list on two threads; the projection
-        runs the list in order, one action at a time, so it leaves out what the lanes overlap (docs/projection.md)."""
+        At the default two lanes, the forward lane's ops (FORWARD_OPS) run on one thread and the rest on another,
+        at once, as LaneExecutor runs them (the projection's simulator runs the two lanes concurrently)."""
         sync = cls.Params.model_fields["sync"].default
+        lanes = cls.Params.model_fields["lanes"].default
         return StepSchedule([qfb_tick(s, stages, microbatches, 1, sync) for s in range(stages)], shift=0,
-                            iteration_shift=1)
+                            iteration_shift=1,
+                            forward_lane=tuple(op.value for op in FORWARD_OPS) if lanes == 2 else ())
 
     def rank_schedule(self, window: int) -> Schedule:
         p = self.ctx.params
