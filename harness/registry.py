@@ -26,6 +26,7 @@ BUILTIN_METHODS: dict[str, str] = {
     "terngrad": "methods.compression.terngrad:TernGrad",
     "dgc": "methods.compression.dgc:DGC",
     "onebit": "methods.compression.onebit:OneBit",
+    "powersgd": "methods.compression.powersgd:PowerSGD",
     "local": "methods.local.local:Local",
     "gpipe": "methods.pipeline.flushed.gpipe:GPipe",
     "1f1b": "methods.pipeline.flushed.one_f_one_b:OneFOneB",

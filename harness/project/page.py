@@ -15,7 +15,7 @@ import pandas as pd
 
 from harness.project.tables import TTT_ASSUMPTION
 from harness.report.figures import new_figure, note
-from harness.report.page import _CSS, table_html
+from harness.report.page import CSS, table_html
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -122,7 +122,7 @@ def render(table: pd.DataFrame, errors: dict[str, dict], heading: str, shown_siz
             '<div class="warning" style="flex: 1 1 280px; max-width: 420px">'
             f"{validation_text(method, errors)}</div></div>"
             + table_html(at.replace({np.nan: None})) + "</section>")
-    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>Projection</title><style>{_CSS}</style>"
+    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>Projection</title><style>{CSS}</style>"
             f"</head><body><h1>Projection: step time and time to target beyond this machine</h1>"
             f'<p class="warning">Every number on this page is a <b>projection</b> by dtbench project '
             f"(docs/projection.md), not a measurement. {e(heading)} {e(TTT_ASSUMPTION)}.</p>"

@@ -12,7 +12,7 @@ from harness.report import stats
 from harness.report.tables import AGGREGATED, SHOWN
 from harness.suite.spec import compact
 
-_CSS = """
+CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1400px; }
 h1 { margin-bottom: 0.2em; } .meta { color: #666; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.85em; }
@@ -226,7 +226,7 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
 <head>
 <meta charset="utf-8">
 <title>dtbench report: {e(suite)}</title>
-<style>{_CSS}</style>
+<style>{CSS}</style>
 </head>
 <body>
 <h1>dtbench report: {e(suite)}</h1>
