@@ -32,6 +32,7 @@ BUILTIN_METHODS: dict[str, str] = {
     "1f1b": "methods.pipeline.flushed.one_f_one_b:OneFOneB",
     "pipedream": "methods.pipeline.pipedream.pipedream:PipeDream",
     "interleaved-1f1b": "methods.pipeline.flushed.interleaved:Interleaved1F1B",
+    "zb-h1": "methods.pipeline.flushed.zb_h1:ZBH1",
     "pb": "methods.pipeline.pb.pb:PipelinedBackprop",
     "qfb": "methods.pipeline.qfb.qfb:QFB",
     "apapo": "methods.pipeline.apapo.apapo:APapo",

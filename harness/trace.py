@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 #: Actions that occupy a stage's compute; the others are waits (receives) or hand-overs (sends).
-COMPUTE_OPS = ("forward", "backward", "update")
+COMPUTE_OPS = ("forward", "backward", "backward_input", "backward_weight", "update")
 #: Collectives between a stage's replicas: time spent in them is neither compute nor a point-to-point wait.
 SYNC_OPS = ("sync_grads",)
 WAIT_OPS = ("recv_act", "recv_grad")

@@ -29,13 +29,15 @@ FREE = Link("free", math.inf, 0.0)
 @dataclass(frozen=True)
 class StageCosts:
     """One stage's costs per microbatch: forward, backward and update seconds, a send's local seconds, and
-    output_bytes, the activation it sends forward (its gradient comes back with the same size)."""
+    output_bytes, the activation it sends forward (its gradient comes back with the same size); weight_share: the
+    part of the backward a zero-bubble schedule runs as W (the weight gradient), the rest as B."""
 
     forward_s: float
     backward_s: float
     update_s: float
     send_s: float
     output_bytes: float
+    weight_share: float = 0.5
 
 
 def step_schedule(method: str, stages: int, microbatches: int) -> StepSchedule | None:
@@ -86,6 +88,8 @@ def schedule_tasks(step: StepSchedule, stages: Sequence[StageCosts], steps: int)
         for a in actions:
             op, cost = _op(a), stages[a.stage]
             duration = {"forward": cost.forward_s, "backward": cost.backward_s, "update": cost.update_s,
+                        "backward_input": cost.backward_s * (1 - cost.weight_share),
+                        "backward_weight": cost.backward_s * cost.weight_share,
                         "send_act": cost.send_s, "send_grad": cost.send_s}.get(op, 0.0)
             nbytes = {"send_act": cost.output_bytes,
                       "send_grad": stages[a.stage - 1].output_bytes if a.stage else 0.0}.get(op, 0.0)
@@ -155,6 +159,7 @@ class PipelineModel:
     wire_ratio: float = 1.0
     generated_overhead_s: float = math.nan
     host_factor: float = 1.0
+    weight_share: float = 0.5
     notes: list[str] = field(default_factory=list)
 
     def same_shape(self, world_size: int, batch: int, microbatches: int, ranges: list[tuple[int, int]] | None
@@ -173,7 +178,7 @@ class PipelineModel:
                 sum(forward[b] * self.forward_scale[b] for b in blocks),
                 sum(backward[b] * self.backward_scale[b] for b in blocks),
                 sum(self.update_s[b] for b in blocks), self.send_s,
-                self.profile.activation_bytes[end - 1] * microbatch * self.wire_ratio))
+                self.profile.activation_bytes[end - 1] * microbatch * self.wire_ratio, self.weight_share))
         return stages, extrapolated
 
     def generated(self, world_size: int, batch: int, microbatches: int,
@@ -340,6 +345,16 @@ def calibrate_pipeline(measures: Sequence[RunMeasure], profile: BlockCosts | Non
     return model
 
 
+def stage_times(durations: dict[tuple[int, str, int], float], op: str, stage: int) -> list[float]:
+    """Each worker's duration of `op` at `stage`; a backward split into B and W (zero bubble) counts as their
+    sum."""
+    times = [t for (w, o, st), t in durations.items() if o == op and st == stage]
+    if op == "backward" and not times:
+        times = [t + durations.get((w, "backward_weight", st), 0.0) for (w, o, st), t in durations.items()
+                 if o == "backward_input" and st == stage]
+    return times
+
+
 def fit_blocks(model: PipelineModel, measure: RunMeasure, profile: BlockCosts) -> None:
     """Per-block scales (each calibration stage's median measured forward, backward per microbatch over its
     profiled sum at that microbatch), update seconds spread over a stage's blocks by parameter bytes, the median
@@ -354,7 +369,7 @@ def fit_blocks(model: PipelineModel, measure: RunMeasure, profile: BlockCosts) -
         span = range(start, end)
         for op, profiled, scales in (("forward", forward, model.forward_scale),
                                      ("backward", backward, model.backward_scale)):
-            times = [t for (w, o, st), t in durations.items() if o == op and st == s]
+            times = stage_times(durations, op, s)
             total = sum(profiled[b] for b in span)
             for b in span:
                 scales[b] = statistics.median(times) / total if times and total > 0 else 1.0
@@ -363,6 +378,9 @@ def fit_blocks(model: PipelineModel, measure: RunMeasure, profile: BlockCosts) -
         for b, weight in zip(span, weights, strict=True):
             model.update_s[b] = (statistics.median(updates) if updates else 0.0) * (
                 weight / sum(weights) if sum(weights) else 1 / len(weights))
+    shares = [w / (i + w) for (worker, o, st), i in durations.items() if o == "backward_input"
+              for w in [durations.get((worker, "backward_weight", st), 0.0)] if w > 0]
+    model.weight_share = statistics.median(shares) if shares else model.weight_share
     sends = [t for (w, o, st), t in durations.items() if o in SENDS]
     model.send_s = statistics.median(sends) if sends else 0.0
     wire = [measure.message_bytes[("act", s)] / (profile.activation_bytes[end - 1] * microbatch)

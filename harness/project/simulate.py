@@ -12,6 +12,8 @@ from harness.trace import COMPUTE_OPS, Message, TraceEvent, message_key, step_bu
 
 SENDS = {"send_act": "act", "send_grad": "grad"}
 RECEIVES = {"recv_act": "act", "recv_grad": "grad"}
+#: The ops that differentiate a microbatch's forward (a zero-bubble B; its W follows B on the same rank).
+BACKWARDS = ("backward", "backward_input")
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,7 @@ class _Simulation:
             return task.message in self.arrival or task.message not in self.sent
         if task.op == "sync_grads":
             return w not in self.waiting.get(sync_key(task), {})
-        if task.op == "backward":
+        if task.op in BACKWARDS:
             own = (self.rank_of[w], task.stage, task.iteration, task.mb)
             return own in self.forwarded or own not in self.forwards
         return True
@@ -183,7 +185,7 @@ class _Simulation:
             self.sync(w, task)
             return
         start = self.clock[w]
-        if task.op == "backward":
+        if task.op in BACKWARDS:
             start = max(start, self.forwarded.get((r, task.stage, task.iteration, task.mb), 0.0))
         end = max(start, self.arrival.get(task.message, 0.0)) if task.op in RECEIVES else start + task.duration_s
         if task.op == "forward":

@@ -20,8 +20,10 @@ from harness.trace import COMPUTE_OPS, TraceEvent, ideal_bubble, parse_events, s
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "update": "#55a868", "sync_grads": "#8172b3",
-          "recv_act": "#cccccc", "recv_grad": "#cccccc"}
+COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "backward_input": "#dd8452", "backward_weight": "#c44e52",
+          "update": "#55a868", "sync_grads": "#8172b3", "recv_act": "#cccccc", "recv_grad": "#cccccc"}
+#: The compute bars that name their microbatch (a zero-bubble B is orange like a whole backward, its W red).
+LABELLED = ("forward", "backward", "backward_input", "backward_weight")
 
 
 def traced_steps(run: RunResult) -> dict[int, list[list[TraceEvent]]]:
@@ -113,7 +115,7 @@ def plot_gantt(run: RunResult) -> Figure:
                 continue
             ax.broken_barh([((start - origin) * 1e3, (e.end - start) * 1e3)], (row - 0.4, 0.8),
                            facecolors=COLORS[e.op], edgecolor="white", linewidth=0.3)
-            text = _bar_label(e, several) if e.op in ("forward", "backward") and e.mb >= 0 else ""
+            text = _bar_label(e, several) if e.op in LABELLED and e.mb >= 0 else ""
             size = _fitting_size(text, (e.end - start) * 1e3 * points_per_ms)
             if size:
                 ax.text((start + e.end - 2 * origin) / 2 * 1e3, row, text, ha="center", va="center", fontsize=size)
@@ -126,8 +128,9 @@ def plot_gantt(run: RunResult) -> Figure:
     # Wrapped to the figure's width (about 95 characters at this size), so a long label is never clipped.
     title = f"{run.label} (seed {run.spec.get('seed')}), step {step}: {text}"
     ax.set_title("\n".join(textwrap.wrap(title, GANTT_TITLE_CHARACTERS)), fontsize="medium")
-    shown = [k for k in ("forward", "backward", "update", "sync_grads", "recv_act")
-             if k != "sync_grads" or any(e.op == k for events in ranks for e in events)]
+    ran = {e.op for events in ranks for e in events}
+    shown = [k for k in ("forward", "backward", "backward_input", "backward_weight", "update", "sync_grads",
+                         "recv_act") if k in ran or k in ("forward", "update", "recv_act")]
     ax.legend(handles=[Patch(color=COLORS[k], label=k.replace("recv_act", "waiting")) for k in shown],
               fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(rows) < 3 else -0.2),
               ncol=len(shown), frameon=False)

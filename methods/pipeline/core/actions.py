@@ -16,12 +16,15 @@ class Op(str, Enum):
     SEND_ACT = "send_act"       # to stage s+1
     RECV_GRAD = "recv_grad"     # gradient w.r.t. this stage's output, from stage s+1
     BACKWARD = "backward"
+    BACKWARD_INPUT = "backward_input"    # zero-bubble B: the gradient w.r.t. the stage input only
+    BACKWARD_WEIGHT = "backward_weight"  # zero-bubble W: the weight gradient, from what B kept
     SEND_GRAD = "send_grad"     # gradient w.r.t. this stage's input, to stage s-1
     SYNC_GRADS = "sync_grads"   # all-reduce of the stage's weight gradients among its replicas (mb: the round)
     UPDATE = "update"           # optimizer step on the accumulated gradients (advances the weight version)
 
 
 SHORT = {Op.RECV_ACT: "rA", Op.FORWARD: "F", Op.SEND_ACT: "sA", Op.RECV_GRAD: "rG", Op.BACKWARD: "B",
+         Op.BACKWARD_INPUT: "I", Op.BACKWARD_WEIGHT: "W",
          Op.SEND_GRAD: "sG", Op.SYNC_GRADS: "S", Op.UPDATE: "U"}
 COMPUTE = tuple(op for op in Op if op.value in COMPUTE_OPS)
 RECEIVES = (Op.RECV_ACT, Op.RECV_GRAD)
@@ -76,6 +79,12 @@ def backward_unit(stage: int, stages: int, mb: int, iteration: int = 0) -> list[
     if stage > 0:
         out.append(Action(Op.SEND_GRAD, stage, mb, iteration))
     return out
+
+
+def input_backward_unit(stage: int, stages: int, mb: int, iteration: int = 0) -> list[Action]:
+    """backward_unit with the input-gradient half of the backward (zero-bubble B); its W runs apart."""
+    return [Action(Op.BACKWARD_INPUT, a.stage, a.mb, a.iteration) if a.op is Op.BACKWARD else a
+            for a in backward_unit(stage, stages, mb, iteration)]
 
 
 def compute_order(schedule: Schedule) -> list[list[str]]:

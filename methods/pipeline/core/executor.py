@@ -92,6 +92,15 @@ def run_compute(stage: Stage, action: Action, view: Microbatches, inbox: dict, o
         if not stage.first:
             outbox[("grad", key)] = grad
         return version
+    if action.op is Op.BACKWARD_INPUT:
+        version = stage.backward_version_of(key)
+        grad = stage.backward_input(key, None if stage.last else inbox.pop(("grad", key)))
+        if not stage.first:
+            outbox[("grad", key)] = grad
+        return version
+    if action.op is Op.BACKWARD_WEIGHT:
+        stage.backward_weight(key)
+        return stage.policy.version
     if action.op is Op.UPDATE:
         stage.update()
         return -1

@@ -115,18 +115,23 @@ def validate(schedule: Schedule, placement: Placement | None = None) -> None:
     rank that does not own it, runs a backward of a microbatch before its forward (or either twice)."""
     placement = placement or Placement.one_per_rank(len(schedule))
     for w, actions in enumerate(schedule):
-        forwards, backwards = set(), set()
+        forwards, backwards, weights = set(), set(), set()
         for a in actions:
             ident = (a.stage, a.iteration, a.mb)
             if a.op is Op.FORWARD:
                 if ident in forwards:
                     raise ValueError(f"worker {w} runs the forward of {a} twice")
                 forwards.add(ident)
-            elif a.op is Op.BACKWARD:
+            elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
                 if ident not in forwards or ident in backwards:
                     raise ValueError(f"worker {w} runs the backward of {a} before its forward, or twice")
                 backwards.add(ident)
-            if a.op in (Op.FORWARD, Op.BACKWARD) and placement.owner(a.stage, a.mb) != w:
+            elif a.op is Op.BACKWARD_WEIGHT:
+                if ident not in backwards or ident in weights:
+                    raise ValueError(f"worker {w} runs the weight backward of {a} before its input backward, or twice")
+                weights.add(ident)
+            if a.op in (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT) and \
+                    placement.owner(a.stage, a.mb) != w:
                 raise ValueError(f"worker {w} runs {a}, which belongs to rank {placement.owner(a.stage, a.mb)}")
     sim = Interleaver(placement)
     sim.advance(schedule)

@@ -27,9 +27,9 @@ class StageClock:
             if event.op == "forward":
                 times.forward_s += event.duration
                 times.forwards += 1
-            elif event.op == "backward":
+            elif event.op in ("backward", "backward_input", "backward_weight"):  # a split backward: B + W
                 times.backward_s += event.duration
-                times.backwards += 1
+                times.backwards += event.op != "backward_weight"
 
     def measured(self, comm: Communicator | None) -> list[StageTimes]:
         """Per stage, the measured compute over the run, summed over ranks (each rank measured its own stages):

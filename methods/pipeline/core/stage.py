@@ -9,6 +9,7 @@ from typing import Literal
 
 import torch
 from torch import nn
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 from torch.func import functional_call
 
 from harness.toolkit import clip_gradients
@@ -85,6 +86,7 @@ class Stage:
         self.clip_norm: float | None = None  # grad_clip, where the stage clips its own gradient (PipelineMethod)
         self.param_bytes = sum(p.numel() * p.element_size() for p in self._params.values())
         self._saved: dict[Key, _Saved] = {}
+        self._weight_pending: dict[Key, tuple[list, int]] = {}  # B done, W not yet: its graph's state, its bytes
         self.loss_sum = 0.0  # the loss accumulated by the last stage since the last `take_loss`
         self.backwards_since_update = 0
         self.peak = HeldBytes()
@@ -163,6 +165,37 @@ class Stage:
         self.backwards_since_update += 1
         return None if self.first else x.grad
 
+    def backward_input(self, key: Key, grad_output: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Zero-bubble B: the gradient w.r.t. the stage input only, returned to send back; what the weight gradient
+        needs (the gradients arriving at the weights' graph nodes) is kept for `backward_weight`. autograd's own
+        split, as torch.distributed.pipelining's stage does it (stage_backward_input). The first stage has no input
+        gradient: its B is the whole backward and its W does nothing. Live weights and the `graph` mode only (the
+        flushed pipelines)."""
+        if self.backward_mode != "graph":
+            raise RuntimeError(f"stage {self.index}: a split backward needs backward mode 'graph', not "
+                               f"{self.backward_mode!r}")
+        if self.first:
+            self.backward(key, grad_output)
+            return None
+        saved = self._saved.pop(key)
+        if saved.weights is not None:
+            raise RuntimeError(f"stage {self.index}: a split backward differentiates the live weights only")
+        grads, groups = stage_backward_input([saved.output], None if grad_output is None else [grad_output],
+                                             [saved.inputs], iter(self._params.values()))
+        self._weight_pending[key] = (groups, saved.activation_bytes)
+        return grads[0]
+
+    def backward_weight(self, key: Key) -> None:
+        """Zero-bubble W: the weight gradient of microbatch `key`, from what its B kept, added to the parameters'
+        .grad (stage_backward_weight); nothing on the first stage (its B did it)."""
+        if self.first:
+            return
+        groups, _ = self._weight_pending.pop(key)
+        stage_backward_weight(iter(self._params.values()), groups)
+        self.policy.backward_done(key[1])
+        self.backwards_since_update += 1
+        self._note_memory()
+
     def version_of(self, key: Key) -> int:
         """The weight version the forward of `key` used."""
         return self._saved[key].version
@@ -214,9 +247,11 @@ class Stage:
         """What the stage holds now for backwards still to come (a snapshot of the saved microbatches, taken in one
         step, so that another thread may add or remove one meanwhile)."""
         saved = list(self._saved.values())
+        pending = [size for _, size in list(self._weight_pending.values())]  # a W still to run holds its graph
         weights = {id(s.weights) for s in saved if s.weights is not None}
         versions = max(len(weights), self.policy.held())
-        return HeldBytes(sum(s.activation_bytes for s in saved), len(saved), versions * self.param_bytes)
+        return HeldBytes(sum(s.activation_bytes for s in saved) + sum(pending), len(saved) + len(pending),
+                         versions * self.param_bytes)
 
     def _note_memory(self) -> None:
         now = self.held()

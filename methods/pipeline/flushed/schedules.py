@@ -1,8 +1,16 @@
-"""The flushed schedules as pure generators over the IR (core/actions.py): GPipe, 1F1B and interleaved 1F1B."""
+"""The flushed schedules as pure generators over the IR (core/actions.py): GPipe, 1F1B, interleaved 1F1B, ZB-H1."""
 
 from __future__ import annotations
 
-from methods.pipeline.core.actions import Action, Op, Schedule, backward_unit, check_shape, forward_unit
+from methods.pipeline.core.actions import (
+    Action,
+    Op,
+    Schedule,
+    backward_unit,
+    check_shape,
+    forward_unit,
+    input_backward_unit,
+)
 
 
 def gpipe(stages: int, microbatches: int) -> Schedule:
@@ -81,3 +89,34 @@ def _interleaved_order(rank: int, ranks: int, chunks: int, microbatches: int, pe
     for k in range(total - warmup):
         order += [forward(warmup + k), backward(k)]
     return order + [backward(k) for k in range(total - warmup, total)]
+
+
+def zb_h1(stages: int, microbatches: int) -> Schedule:
+    """ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, Sec. 3.1), one list per stage: 1F1B's order
+    with each backward split into B (the gradient w.r.t. the stage input, which the stage before waits for) and W
+    (the weight gradient, which nobody waits for). Stage s runs each W up to s backwards after its B: the stages
+    near the loss send their input gradients on without the W in between, so the cool-down's chain of B passes is
+    one B per stage instead of B + W, and the deferred W passes fill the idle time that leaves. Deferring s W
+    passes at stage s holds at most S - s + s = S microbatches there, 1F1B's peak (at stage 0), so the memory does
+    not grow. The bubble is (S-1)(T_F + T_B - T_W) against 1F1B's (S-1)(T_F + T_B + T_W)."""
+    check_shape(stages, microbatches)
+    schedule = []
+    for s in range(stages):
+        warmup = min(stages - 1 - s, microbatches)
+        actions = [a for m in range(warmup) for a in forward_unit(s, stages, m)]
+        pending: list[int] = []
+
+        def backward(m: int) -> list[Action]:
+            pending.append(m)
+            out = input_backward_unit(s, stages, m)
+            while len(pending) > s:
+                out.append(Action(Op.BACKWARD_WEIGHT, s, pending.pop(0)))
+            return out
+
+        for k in range(microbatches - warmup):
+            actions += forward_unit(s, stages, warmup + k) + backward(k)
+        for m in range(microbatches - warmup, microbatches):
+            actions += backward(m)
+        actions += [Action(Op.BACKWARD_WEIGHT, s, m) for m in pending]
+        schedule.append(actions + [Action(Op.UPDATE, s)])
+    return schedule
