@@ -70,7 +70,8 @@ def main() -> None:
         print(f"  {name:18s} {med[name]:7.3f} s/step")
     print(f"  ours zb-h1 / torch ScheduleInterleavedZeroBubble (goal <= 1): {out['zb_over_torch']:.3f} (rounds: "
           f"{' '.join(f'{r:.3f}' for r in ratio)}); ours zb-h1 / ours 1f1b: {out['zb_over_1f1b']:.3f}")
-    print(f"  T_F {t_f * 1e3:.1f} ms, T_B {t_b * 1e3:.1f} ms, T_W {t_w * 1e3:.1f} ms (median traced, stage 1's B and W)")
+    print(f"  T_F {t_f * 1e3:.1f} ms, T_B {t_b * 1e3:.1f} ms, T_W {t_w * 1e3:.1f} ms "
+          "(median traced; B and W of stage 1)")
     print(f"  bubble zb-h1 measured {out['zb_h1_bubble_measured']:.3f}, formula {out['zb_h1_bubble_formula']:.3f}; "
           f"1f1b measured {out['1f1b_bubble_measured']:.3f}, formula {out['1f1b_bubble_formula']:.3f}")
     if a.json:

@@ -11,8 +11,8 @@ from typing import Any
 from harness.results import read_jsonl
 from harness.trace import TraceEvent, parse_events
 
-SHORT = {"forward": "F", "backward": "B", "backward_input": "I", "backward_weight": "W", "update": "U", "sync_grads": "S", "recv_act": "rA", "send_act": "sA",
-         "recv_grad": "rG", "send_grad": "sG"}
+SHORT = {"forward": "F", "backward": "B", "backward_input": "I", "backward_weight": "W", "update": "U",
+         "sync_grads": "S", "recv_act": "rA", "send_act": "sA", "recv_grad": "rG", "send_grad": "sG"}
 
 
 def track(event: TraceEvent) -> int:

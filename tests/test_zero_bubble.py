@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_pipeline import _flat, _make, _ranks, _sgd_flat, _stage_params, _train
 
 from _dist import spawn
 from harness.project.pipemodel import FREE, StageCosts, pipeline_tasks
@@ -13,7 +14,6 @@ from harness.project.simulate import period_s, simulate, simulated_bubble
 from methods.pipeline.core.actions import Op
 from methods.pipeline.core.interleaver import validate
 from methods.pipeline.flushed.schedules import one_f_one_b, zb_h1
-from test_pipeline import _flat, _make, _ranks, _sgd_flat, _stage_params, _train
 
 
 def _stage(index: int, stages: int):

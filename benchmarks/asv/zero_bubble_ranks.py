@@ -60,7 +60,8 @@ def zero_bubble_against_torch(rank: int, world_size: int, rounds: int, steps: in
 
     zb_traces: list = []
     one_traces: list = []
-    variants = {"ours_zb_h1": ours(schedules.zb_h1, zb_traces), "torch_zero_bubble": theirs(ScheduleInterleavedZeroBubble),
+    variants = {"ours_zb_h1": ours(schedules.zb_h1, zb_traces),
+                "torch_zero_bubble": theirs(ScheduleInterleavedZeroBubble),
                 "ours_1f1b": ours(schedules.one_f_one_b, one_traces), "torch_1f1b": theirs(Schedule1F1B)}
     for _ in range(2):  # warm-up, whose traces are not kept
         for fn in variants.values():

@@ -10,7 +10,6 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pandas as pd
 
 from harness.project.tables import TTT_ASSUMPTION
@@ -21,6 +20,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 PAGE = "projection.html"
+#: A row's note reads left to right.
+ROWS_CSS = ".rows td:last-child, .rows th:last-child { text-align: left; }"
 
 
 def read_validation(path: Path) -> pd.DataFrame:
@@ -121,9 +122,10 @@ def render(table: pd.DataFrame, errors: dict[str, dict], heading: str, shown_siz
             f"<figcaption>Projection, not a measurement: {e(label)} on {e(workload)}.</figcaption></figure>"
             '<div class="warning" style="flex: 1 1 280px; max-width: 420px">'
             f"{validation_text(method, errors)}</div></div>"
-            + table_html(at.replace({np.nan: None})) + "</section>")
-    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>Projection</title><style>{CSS}</style>"
-            f"</head><body><h1>Projection: step time and time to target beyond this machine</h1>"
+            + '<div class="rows">' + table_html(at.fillna({"note": ""})) + "</div></section>")
+    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>Projection</title>"
+            f"<style>{CSS}{ROWS_CSS}</style></head><body>"
+            "<h1>Projection: step time and time to target beyond this machine</h1>"
             f'<p class="warning">Every number on this page is a <b>projection</b> by dtbench project '
             f"(docs/projection.md), not a measurement. {e(heading)} {e(TTT_ASSUMPTION)}.</p>"
             + "\n".join(sections) + "</body></html>\n")

@@ -65,6 +65,7 @@ class PowerSGD(DDP):
     def __init__(self, ctx: RunContext):
         self._payload_bytes = 0  # per step, reset by train_step
         self._dense_bytes = 0
+        self._previous: torch.futures.Future | None = None  # the last bucket's hook future
         super().__init__(ctx)
 
     def register_hook(self) -> None:
@@ -78,6 +79,11 @@ class PowerSGD(DDP):
         self.model.register_comm_hook(self.state, self._counted_hook)
 
     def _counted_hook(self, state, bucket):  # no annotations: DDP checks them literally
+        # torch's hook issues a bucket's P and Q all-reduces from its futures' callbacks; with several buckets in
+        # flight two gloo ranks can issue them in different orders (measured: a size-mismatch abort, or a hang with
+        # torch's hook alone, on a 1.3M-parameter MLP's two buckets), so a bucket starts once the last one is done.
+        if self._previous is not None:
+            self._previous.wait()
         params = bucket.parameters()
         self.per_parameter.see(state, bucket.index(), [self.names[q] for q in params], [tuple(q.shape) for q in params])
         buffer = bucket.buffer()
@@ -91,7 +97,8 @@ class PowerSGD(DDP):
         self.ctx.comm.count("gradients", wire, wire)
         self._payload_bytes += 4 * numel
         self._dense_bytes += 4 * buffer.numel()
-        return powerSGD_hook(state, bucket)
+        self._previous = powerSGD_hook(state, bucket)
+        return self._previous
 
     def train_step(self, batch: Batch) -> StepStats:
         stats = super().train_step(batch)

@@ -104,19 +104,21 @@ def zb_h1(stages: int, microbatches: int) -> Schedule:
     for s in range(stages):
         warmup = min(stages - 1 - s, microbatches)
         actions = [a for m in range(warmup) for a in forward_unit(s, stages, m)]
-        pending: list[int] = []
-
-        def backward(m: int) -> list[Action]:
-            pending.append(m)
-            out = input_backward_unit(s, stages, m)
-            while len(pending) > s:
-                out.append(Action(Op.BACKWARD_WEIGHT, s, pending.pop(0)))
-            return out
-
+        pending: list[int] = []  # microbatches whose B ran and whose W waits
         for k in range(microbatches - warmup):
-            actions += forward_unit(s, stages, warmup + k) + backward(k)
+            actions += forward_unit(s, stages, warmup + k) + _b_then_due_w(s, stages, k, pending)
         for m in range(microbatches - warmup, microbatches):
-            actions += backward(m)
+            actions += _b_then_due_w(s, stages, m, pending)
         actions += [Action(Op.BACKWARD_WEIGHT, s, m) for m in pending]
         schedule.append(actions + [Action(Op.UPDATE, s)])
     return schedule
+
+
+def _b_then_due_w(stage: int, stages: int, mb: int, pending: list[int]) -> list[Action]:
+    """ZB-H1 at `stage`: the B of microbatch mb (with its receive and send), then the W passes that would otherwise
+    be more than `stage` backwards late (oldest first); `pending` holds the microbatches whose W waits."""
+    pending.append(mb)
+    out = input_backward_unit(stage, stages, mb)
+    while len(pending) > stage:
+        out.append(Action(Op.BACKWARD_WEIGHT, stage, pending.pop(0)))
+    return out
