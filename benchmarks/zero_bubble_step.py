@@ -23,17 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks" / "asv")]
 
 
-def zb_h1_bubble(stages: int, microbatches: int, forward: float, backward: float, weight: float) -> float:
-    """ZB-H1's idle share of a step (Qi et al. 2024, Sec. 3.1): (S-1)(T_F + T_B - T_W) over the step."""
-    idle = (stages - 1) * (forward + backward - weight)
-    return idle / (microbatches * (forward + backward + weight) + idle)
-
-
 def main() -> None:
     from zero_bubble_ranks import VARIANTS, zero_bubble_against_torch
 
     from _dist import spawn
-    from harness.trace import ideal_bubble, step_bubble
+    from harness.trace import ideal_bubble, step_bubble, zb_h1_bubble
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)

@@ -146,6 +146,13 @@ def step_bubble(traces: Sequence[Sequence[TraceEvent]]) -> float:
     return 1.0 - sum(busy) / len(busy) / makespan
 
 
+def zb_h1_bubble(ranks: int, microbatches: int, forward: float, backward: float, weight: float) -> float:
+    """ZB-H1's idle share of each of p ranks (Qi et al. 2024, Sec. 3.1): (p-1)(T_F + T_B - T_W) over
+    M(T_F + T_B + T_W) + (p-1)(T_F + T_B - T_W), with B the input-gradient and W the weight-gradient pass."""
+    idle = (ranks - 1) * (forward + backward - weight)
+    return idle / (microbatches * (forward + backward + weight) + idle)
+
+
 def ideal_bubble(ranks: int, microbatches: int, chunks: int = 1) -> float:
     """(p-1)/(v·M+p-1): the idle share of each of p ranks in GPipe or 1F1B (v = 1 stage per rank) or interleaved
     1F1B (v stages per rank), with equal stages and free communication (Narayanan et al. 2021, section 2.2)."""

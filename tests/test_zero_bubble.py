@@ -124,3 +124,26 @@ def test_multi_process_zb_h1_equals_the_virtual_one():
             torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
         if s == 2:
             assert losses_s == pytest.approx(losses, rel=1e-6)
+
+
+def test_the_reports_ideal_bubble_of_a_zb_h1_run_is_its_own_formula(tmp_path):
+    """The gantt's and the Pipelines section's ideal for zb-h1: (p-1)(T_F + T_B - T_W) / (M(T_F + T_B + T_W) +
+    (p-1)(T_F + T_B - T_W)) with the traced medians (stage 0's empty W left out), not 1F1B's (p-1)/(M+p-1)."""
+    import pandas as pd
+
+    from harness.report.pipeline import ideal_bubble_of
+    from harness.results import RunResult
+    from harness.trace import ideal_bubble, zb_h1_bubble
+
+    assert zb_h1_bubble(2, 4, 1.0, 1.0, 1.0) == pytest.approx(1 / 13)
+    # op, mb, start, end, version, stage, iteration, lane: F 1 s, B 2 s, W 1 s on stage 1; stage 0's W 0 s
+    rank0 = [["forward", 0, 0.0, 1.0, 0, 0, 0, 0], ["backward_input", 0, 5.0, 8.0, 0, 0, 0, 0],
+             ["backward_weight", 0, 8.0, 8.0, 0, 0, 0, 0]]
+    rank1 = [["forward", 0, 1.0, 2.0, 0, 1, 0, 0], ["backward_input", 0, 2.0, 4.0, 0, 1, 0, 0],
+             ["backward_weight", 0, 4.0, 5.0, 0, 1, 0, 0]]
+    metrics = pd.DataFrame([{"kind": "trace", "rank": r, "worker": r, "step": 2, "events": ev}
+                            for r, ev in enumerate((rank0, rank1))])
+    spec = {"method": "zb-h1", "world_size": 2, "params": {"microbatches": 4}}
+    run = RunResult(tmp_path, spec, None, None, metrics)
+    assert ideal_bubble_of(run) == pytest.approx(zb_h1_bubble(2, 4, 1.0, 2.0, 1.0))
+    assert ideal_bubble_of(run) != pytest.approx(ideal_bubble(2, 4))

@@ -15,7 +15,7 @@ import pandas as pd
 from harness.report.figures import new_figure
 from harness.results import RunResult
 from harness.suite.spec import safe_name
-from harness.trace import COMPUTE_OPS, TraceEvent, ideal_bubble, parse_events, step_bubble
+from harness.trace import COMPUTE_OPS, TraceEvent, ideal_bubble, parse_events, step_bubble, zb_h1_bubble
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -63,12 +63,20 @@ def measured_bubble(run: RunResult) -> float:
 
 def ideal_bubble_of(run: RunResult) -> float:
     """(p-1)/(v·M+p-1) for a flushed pipeline run on p ranks with v stages each (its spec has `microbatches`; v is
-    `stages_per_rank`, default 1), else NaN (asynchronous or replicated pipelines, and pipelines whose ranks run
+    `stages_per_rank`, default 1); for zb-h1 its own formula (harness.trace.zb_h1_bubble) with the traced passes'
+    median times; else NaN (asynchronous or replicated pipelines, and pipelines whose ranks run
     several lanes at once, have no closed form here)."""
     params = run.spec.get("params") or {}
     ranks, micro = run.spec.get("world_size"), params.get("microbatches")
     if not ranks or not micro or params.get("replicas") or (params.get("lanes") or 1) > 1:
         return math.nan
+    if run.spec.get("method") == "zb-h1":  # its formula needs the passes' times: the traced medians
+        events = [e for steps in traced_steps(run).values() for rank in steps for e in rank]
+
+        def median(op: str) -> float:  # stage 0's B is its whole backward and its W empty: the other stages'
+            times = [e.duration for e in events if e.op == op and (op == "forward" or e.stage > 0)]
+            return float(pd.Series(times).median()) if times else math.nan
+        return zb_h1_bubble(ranks, micro, median("forward"), median("backward_input"), median("backward_weight"))
     return ideal_bubble(ranks, micro, params.get("stages_per_rank") or 1)
 
 
