@@ -242,3 +242,15 @@ def test_help_explains_the_verb(capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "--world-sizes" in out and "--validate" in out and "alpha-beta" in out
+
+
+def test_a_configuration_without_a_run_at_the_calibration_size_is_calibrated_at_its_own(suite):
+    """ddp with another lr ran only on 3 ranks: it is calibrated there (not left out), and said so; with an
+    explicit --calibration-world-size it is not calibrated."""
+    write_run(suite, "ddp", 3, "unlimited", [truth_dp("ddp", "unlimited", 3)] * STEPS, {"lr": 0.2})
+    calibrated = calibrate_suite(suite, Settings(), suite / "report")
+    models = {c.model.label: c.model for c in calibrated.calibrations}
+    assert models["ddp lr=0.2"].world_size == 3 and models["ddp"].world_size == 2
+    assert any("calibrated at 3 ranks" in note for note in calibrated.notes)
+    strict = calibrate_suite(suite, Settings(calibration_world_size=2), suite / "report")
+    assert "ddp lr=0.2" not in {c.model.label for c in strict.calibrations}

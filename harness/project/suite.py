@@ -75,9 +75,11 @@ class CalibratedSuite:
     world_size: int
     calibrations: list[Calibration] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: configuration key -> its calibration world size where it differs from `world_size` (no run there)
+    own_sizes: dict[str, int] = field(default_factory=dict)
 
     def is_calibration(self, run: RunMeasure) -> bool:
-        return run.network == self.network and run.world_size == self.world_size
+        return run.network == self.network and run.world_size == self.own_sizes.get(run.key, self.world_size)
 
     def for_run(self, run: RunMeasure) -> Calibration | None:
         """The calibration of a run's configuration: the one of the same shape if any, else the first."""
@@ -117,6 +119,17 @@ def calibrate_suite(suite_dir: Path, settings: Settings, report_dir: Path, repro
         raise ValueError(f"{suite_dir}: no completed run with train records")
     network, world_size = choose(measures, settings)
     suite = CalibratedSuite(measures, network, world_size)
+    if settings.calibration_world_size is None:  # a configuration with no run at that size: its smallest
+        sizes: dict[str, set[int]] = {}
+        for m in measures:
+            if m.network == network:
+                sizes.setdefault(m.key, set()).add(m.world_size)
+        for key, held in sizes.items():
+            several = [n for n in held if n > 1]  # a 1-rank run (sgd) has no communication to project from
+            if world_size not in held and several:
+                suite.own_sizes[key] = min(several)
+                label = next(m.label for m in measures if m.key == key and m.world_size == min(several))
+                suite.notes.append(f"{label}: calibrated at {min(several)} ranks (it has no run at {world_size})")
     groups: dict[tuple, list[RunMeasure]] = {}
     for m in measures:
         if suite.is_calibration(m):
