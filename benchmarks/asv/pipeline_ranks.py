@@ -63,6 +63,26 @@ def torch_schedule_step(sched: Any, rank: int, world_size: int, x: Any, y: Any) 
         sched.step()
 
 
+def torch_step(rank: int, world_size: int, stages: int, width: int, layers: int, cls: Any, several: bool, x: Any,
+               y: Any, microbatches: int) -> Any:
+    """One step of torch.distributed.pipelining's schedule `cls` on this rank's stage_modules (all of them when
+    `several`, as interleaved schedules take a list, else the one), with the SGD update our executors do."""
+    import torch
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage
+
+    local = stage_modules(rank, world_size, stages, width, layers)
+    optimizer = torch.optim.SGD([p for m in local.values() for p in m.parameters()], lr=1e-4)
+    made = [PipelineStage(m, s, stages, torch.device("cpu")) for s, m in local.items()]
+    sched = cls(made if several else made[0], n_microbatches=microbatches, loss_fn=nn.functional.cross_entropy)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        torch_schedule_step(sched, rank, world_size, x, y)
+        optimizer.step()
+    return step
+
+
 def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, width: int = 2048, layers: int = 8,
                            batch: int = 256, microbatches: int = 8, chunks: int = 2,
                            exchange: str = "prepost") -> dict[str, Any]:
@@ -74,8 +94,7 @@ def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, 
     mean minor page faults per step of each variant (`page_faults`: this process, every thread)."""
     import torch
     import torch.distributed as dist
-    from torch import nn
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     from harness.comm.communicator import Communicator
     from methods.pipeline.core.executor import ProcessExecutor, Wire
@@ -98,17 +117,8 @@ def pipeline_against_torch(rank: int, world_size: int, rounds: int, steps: int, 
         return step, executor
 
     def theirs(stages: int, cls):
-        local = stage_modules(rank, world_size, stages, width, layers)
-        optimizer = torch.optim.SGD([p for m in local.values() for p in m.parameters()], lr=1e-4)
-        made = [PipelineStage(m, s, stages, torch.device("cpu")) for s, m in local.items()]
-        sched = cls(made if cls is ScheduleInterleaved1F1B else made[0], n_microbatches=microbatches,
-                    loss_fn=nn.functional.cross_entropy)
-
-        def step() -> None:
-            optimizer.zero_grad(set_to_none=True)
-            torch_schedule_step(sched, rank, world_size, x, y)
-            optimizer.step()
-        return step
+        return torch_step(rank, world_size, stages, width, layers, cls, cls is ScheduleInterleaved1F1B, x, y,
+                          microbatches)
 
     flat, deep = world_size, world_size * chunks
     gpipe_traces: list = []

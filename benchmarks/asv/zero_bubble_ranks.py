@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from dtbench_bench_ranks import interleaved
-from pipeline_ranks import microbatch_views, our_stages, stage_modules, torch_schedule_step
+from pipeline_ranks import microbatch_views, our_stages, torch_step
 
 VARIANTS = ("ours_zb_h1", "torch_zero_bubble", "ours_1f1b", "torch_1f1b")
 
@@ -19,8 +19,7 @@ def zero_bubble_against_torch(rank: int, world_size: int, rounds: int, steps: in
     rank, the same microbatches, loss and SGD update. Also our per-step trace events (zb_h1_traces, 1f1b_traces)."""
     import torch
     import torch.distributed as dist
-    from torch import nn
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleavedZeroBubble
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleavedZeroBubble
 
     from harness.comm.communicator import Communicator
     from methods.pipeline.core.executor import ProcessExecutor, Wire
@@ -46,17 +45,8 @@ def zero_bubble_against_torch(rank: int, world_size: int, rounds: int, steps: in
         return step
 
     def theirs(cls):
-        local = stage_modules(rank, world_size, world_size, width, layers)
-        optimizer = torch.optim.SGD([p for m in local.values() for p in m.parameters()], lr=1e-4)
-        made = [PipelineStage(m, s, world_size, torch.device("cpu")) for s, m in local.items()]
-        sched = cls(made if cls is ScheduleInterleavedZeroBubble else made[0], n_microbatches=microbatches,
-                    loss_fn=nn.functional.cross_entropy)
-
-        def step() -> None:
-            optimizer.zero_grad(set_to_none=True)
-            torch_schedule_step(sched, rank, world_size, x, y)
-            optimizer.step()
-        return step
+        return torch_step(rank, world_size, world_size, width, layers, cls, cls is ScheduleInterleavedZeroBubble,
+                          x, y, microbatches)
 
     zb_traces: list = []
     one_traces: list = []

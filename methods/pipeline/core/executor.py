@@ -86,15 +86,10 @@ def run_compute(stage: Stage, action: Action, view: Microbatches, inbox: dict, o
         if not stage.last:
             outbox[("act", key)] = out
         return stage.version_of(key)
-    if action.op is Op.BACKWARD:
+    if action.op in (Op.BACKWARD, Op.BACKWARD_INPUT):  # the whole backward, or zero-bubble's B: both send dx back
         version = stage.backward_version_of(key)
-        grad = stage.backward(key, None if stage.last else inbox.pop(("grad", key)))
-        if not stage.first:
-            outbox[("grad", key)] = grad
-        return version
-    if action.op is Op.BACKWARD_INPUT:
-        version = stage.backward_version_of(key)
-        grad = stage.backward_input(key, None if stage.last else inbox.pop(("grad", key)))
+        backward = stage.backward if action.op is Op.BACKWARD else stage.backward_input
+        grad = backward(key, None if stage.last else inbox.pop(("grad", key)))
         if not stage.first:
             outbox[("grad", key)] = grad
         return version
