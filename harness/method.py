@@ -15,6 +15,7 @@ from torch import nn
 from harness.comm.communicator import Communicator
 from harness.data.tensors import Batch, TensorData
 from harness.data.workload import Instance
+from harness.memory import MemoryBytes
 from harness.trace import StepSchedule
 
 
@@ -154,6 +155,19 @@ class Method(abc.ABC):
         """A pipeline's steady-state step at `stages` stages (one per rank) and `microbatches` microbatches, the very
         actions its executor runs, for `dtbench project` to simulate at shapes no run had. Default None: the method
         has no schedule the projection can re-shape."""
+        return None
+
+    def memory_plan(self) -> dict[int, MemoryBytes] | None:
+        """The bytes each rank this process runs (every emulated rank in a virtual mode) will hold at its peak,
+        computed before the first step from the method's own structures (harness/memory.py's kinds: weights,
+        gradients, optimizer state, weight versions, the activations its schedule holds at its peak, communication
+        and compression buffers). The runner records it for every run and refuses a run whose plan exceeds
+        `memory_per_rank` before its first step. Default None: the method plans nothing, and a budget refuses it."""
+        return None
+
+    def memory_held(self) -> dict[int, MemoryBytes] | None:
+        """The same kinds measured while training (each at its peak so far), per rank this process runs: what the
+        plan is checked against. Default None: not measured."""
         return None
 
     @abc.abstractmethod

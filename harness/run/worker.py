@@ -136,6 +136,24 @@ def _load_checkpoint(spec, run_dir: Path, rank: int, comm) -> tuple[dict | None,
     return saved, record
 
 
+def _refuse(run_dir: Path, rank: int, comm, writer, message: str, planned, budget: int | None) -> int:
+    """End a run that does not fit its memory_per_rank before its first step: status `does_not_fit` with the one
+    line (rank 0 writes it), nothing trained, the group closed cleanly."""
+    import torch.distributed as dist
+
+    from harness.run import memory_gate
+    from harness.run.records import write_status
+
+    if rank == 0:
+        print(f"dtbench: {message}", flush=True)
+        write_status(run_dir, "does_not_fit", error={"message": message, "rank": None},
+                     final={"steps": 0, "planned_memory_bytes": memory_gate.peak(planned), "memory_per_rank": budget})
+    writer.close()
+    comm.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
 def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: str, argv: list[str] | None,
          resume: bool = False, network: dict | None = None, startup: StartupClock | None = None,
          heartbeat: Heartbeat | None = None) -> int:
@@ -145,8 +163,9 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
 
     from harness import registry
     from harness.comm.communicator import Communicator
+    from harness.memory import DoesNotFit, refusal
     from harness.method import RunContext
-    from harness.run import allocator, manifest
+    from harness.run import allocator, manifest, memory_gate
     from harness.run.clock import TrainClock
     from harness.run.loop import Loop
     from harness.run.records import MetricsWriter, write_json, write_status
@@ -197,8 +216,21 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     ctx = RunContext(rank=rank, world_size=spec.world_size, device=device, workload=instance, params=params,
                      comm=comm, seed=spec.seed, run_dir=run_dir, log=writer.write)
     torch.manual_seed(spec.seed)
-    method = method_cls(ctx)
+    try:
+        method = method_cls(ctx)
+    except DoesNotFit as exc:  # a planner found nothing that fits memory_per_rank
+        return _refuse(run_dir, rank, comm, writer, str(exc), None, spec.memory_per_rank)
+    planned = memory_gate.gather(method.memory_plan(), comm, device)  # before the per-rank RNG: a plan may profile
     torch.manual_seed(spec.seed + 1 + rank)  # per-rank stream for stochastic methods (compression, dropout)
+    if rank == 0:
+        writer.write("memory", when="planned", memory_per_rank=spec.memory_per_rank,
+                     per_rank=memory_gate.record(planned))
+    if spec.memory_per_rank is not None:
+        problem = (f"does not fit: method {spec.method!r} plans no memory, so memory_per_rank cannot be checked"
+                   if planned is None else refusal(planned, spec.memory_per_rank))
+        if problem:
+            method.finish()
+            return _refuse(run_dir, rank, comm, writer, problem, planned, spec.memory_per_rank)
     startup.mark("method")
 
     loop = Loop(spec, method, instance.train, instance.test, comm, writer, clock, run_dir, heartbeat)
@@ -208,6 +240,9 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     if saved:
         loop.restore(saved)
     outcome = loop.run()
+    held = memory_gate.gather(method.memory_held(), comm, device)
+    if rank == 0:
+        writer.write("memory", when="held", memory_per_rank=spec.memory_per_rank, per_rank=memory_gate.record(held))
     method.finish()
     writer.write("comm", bytes_by_category=comm.ledger.by_category(), seconds_by_category=dict(comm.ledger.seconds),
                  calls_by_category=dict(comm.ledger.calls))
@@ -216,7 +251,8 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
         sent, recv = comm.ledger.training_bytes()
         final = {"steps": outcome.steps, "epoch": outcome.epoch, "samples": outcome.samples,
                  "train_time_s": clock.train(), "wall_time_s": clock.wall(),
-                 "rank0_bytes_sent": sent, "rank0_bytes_recv": recv}
+                 "rank0_bytes_sent": sent, "rank0_bytes_recv": recv, "planned_memory_bytes": memory_gate.peak(planned),
+                 "held_memory_bytes": memory_gate.peak(held), "memory_per_rank": spec.memory_per_rank}
         if outcome.last_eval:
             final.update({k: outcome.last_eval[k] for k in ("test_accuracy", "test_loss") if k in outcome.last_eval})
         extra = {"slurm_job_id": manifest.slurm_job_id()} if launcher == "slurm" else {}

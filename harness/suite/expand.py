@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from harness import registry
+from harness.bytesize import parse_bytes
 from harness.net.spec import NetworkSpec
 from harness.suite.files import FileError, first_error
 from harness.suite.groups import PlacedRun, check_baseline, placed_runs
@@ -105,6 +106,12 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
         if problem:
             raise FileError(f"{path}: {where}.{problem}")
         run_network = network or entry.network or suite.network
+        memory_field = f"{where}.memory_per_rank" if entry.memory_per_rank is not None else "memory_per_rank"
+        memory_value = entry.memory_per_rank if entry.memory_per_rank is not None else suite.memory_per_rank
+        try:
+            memory_per_rank = None if memory_value is None else parse_bytes(memory_value)
+        except ValueError as exc:
+            raise FileError(f"{path}: {memory_field}: {exc}") from None
         spec_fields = dict(
             suite=suite.name, method=entry.method, family=method_cls.family, workload=workload_name,
             workload_options=resolved_options, world_size=entry.world_size, params=params.model_dump(),
@@ -112,7 +119,7 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
             log_every_steps=suite.log_every_steps, checkpoint_every_steps=suite.checkpoint_every_steps,
             hang_timeout_s=entry.hang_timeout_s or suite.hang_timeout_s, allocator=entry.allocator or suite.allocator,
             nodes=nodes, data_root=suite.data_root, suite_file=str(path.resolve()), network=run_network,
-            method_origin=method_entry.origin, workload_origin=workload_entry.origin,
+            method_origin=method_entry.origin, workload_origin=workload_entry.origin, memory_per_rank=memory_per_rank,
             baseline=placed.group_entry.baseline if placed.group_entry is not None else suite.baseline)
         resolved.append((placed, method_cls, method_entry.id_name, workload_entry.id_name, spec_fields))
 
@@ -130,7 +137,7 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
             label += f" @ {fields['network'].text}"
         for seed in suite.seeds:
             run_id = make_run_id(method_id, workload_id, entry.world_size, entry.params, seed,
-                                 entry.workload_options, entry.label, fields["network"])
+                                 entry.workload_options, entry.label, fields["network"], fields["memory_per_rank"])
             if run_id in seen:
                 raise FileError(f"{path}: {where}: duplicates {seen[run_id]} (same method, workload, world size, "
                                 f"params, network and seed); give it a distinct label")

@@ -36,6 +36,8 @@ class RunEntry(BaseModel):
     hang_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
     allocator: Allocator | None = None
     network: NetworkSpec | None = None
+    memory_per_rank: int | str | None = Field(default=None, description="emulated device memory of each of the "
+                                              "run's ranks: bytes, or a string such as '48MB' (over the suite's)")
 
 
 class GroupEntry(BaseModel):
@@ -77,6 +79,9 @@ class SuiteFile(BaseModel):
     nodes: int = Field(default=1, ge=1, description="SLURM nodes per run; world_size / nodes tasks on each")
     data_root: str | None = None
     network: NetworkSpec | None = None
+    memory_per_rank: int | str | None = Field(default=None, description="emulated device memory of every rank: "
+                                              "bytes, or a string such as '48MB'; a run whose planned bytes exceed "
+                                              "it stops before its first step as does_not_fit")
     baseline: str | None = Field(default=None, description="the label or method of one of the top-level runs "
                                  "that the others are compared against")
     run: list[RunEntry] = Field(default_factory=list, description="at least one run in all, here or in groups")

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.budget import Budget
+from harness.bytesize import memory_text
 from harness.net.spec import NetworkSpec
 
 #: What suite names and run ids match (both are folder names under --out), and their longest length.
@@ -59,6 +60,7 @@ class RunSpec(BaseModel):
     method_origin: str | None = None
     workload_origin: str | None = None
     baseline: str | None = None  # the label or method this run's workload is compared against (suite or [[group]])
+    memory_per_rank: int | None = Field(default=None, ge=1)  # emulated device memory of every rank, bytes
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -82,11 +84,12 @@ def compact(value: Any) -> str:
 
 def make_run_id(method: str, workload: str, world_size: int, params: dict[str, Any], seed: int,
                 workload_options: dict[str, Any] | None = None, label: str | None = None,
-                network: NetworkSpec | None = None) -> str:
+                network: NetworkSpec | None = None, memory_per_rank: int | None = None) -> str:
     """A stable, human-readable, filesystem-safe id from what distinguishes a run.
 
-    An emulated network adds `net<rate>` (and `lat<latency>`) before the seed; ids of runs without one are as they
-    always were. Characters outside [A-Za-z0-9._-] become '_'. When that changed anything, or the id is longer than
+    An emulated network adds `net<rate>` (and `lat<latency>`) before the seed, an emulated device memory
+    `mem<bytes>` ('mem48MB', 'mem64MiB', or the byte count); ids of runs without them are as they always were.
+    Characters outside [A-Za-z0-9._-] become '_'. When that changed anything, or the id is longer than
     MAX_RUN_ID (80) characters, it is cut to 71 and an 8-hex digest of the exact inputs is appended, so that distinct
     runs keep distinct ids and no id is longer than 80.
     """
@@ -95,6 +98,8 @@ def make_run_id(method: str, workload: str, world_size: int, params: dict[str, A
     parts += [f"{k}{compact(v)}" for k, v in sorted(params.items())]
     if network is not None:
         parts.append(f"net{network.rate}" + (f"-lat{network.latency}" if network.latency else ""))
+    if memory_per_rank is not None:
+        parts.append(f"mem{memory_text(memory_per_rank)}")
     parts.append(f"s{seed}")
     raw = "-".join(parts)
     safe = safe_name(raw).strip("._-") or "run"
@@ -102,6 +107,8 @@ def make_run_id(method: str, workload: str, world_size: int, params: dict[str, A
         inputs: list[Any] = [method, workload, world_size, params, seed, workload_options, label]
         if network is not None:  # only then: the digests of runs without a network stay as they were
             inputs.append(network.text)
+        if memory_per_rank is not None:
+            inputs.append(memory_per_rank)
         digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:8]
         safe = f"{safe[:MAX_RUN_ID - 9].rstrip('._-')}-{digest}"
     return safe

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field
 
 from harness.data.tensors import Batch
+from harness.memory import state_tensors, tensor_bytes
 from harness.method import StepStats, TrainParams
 from methods.compression.core import Compressor, Memory
 from methods.compression.hook import CompressionHook
@@ -48,6 +49,15 @@ class CompressedDDP(DDP):
         self.memory = self.make_memory()
         self.hook = CompressionHook(self.ctx.comm, self.compressor, self.memory, names, self.dense_names())
         self.model.register_comm_hook(None, self.hook.__call__)  # DDP wants a function (it logs __name__)
+
+    def planned_buffer_bytes(self) -> int:
+        """DDP's buckets and the memory's state (residuals, DGC's momenta) for the compressed parameters."""
+        dense = self.dense_names()
+        compressed = [(n, p) for n, p in self.network.named_parameters() if p.requires_grad and n not in dense]
+        return super().planned_buffer_bytes() + self.memory.planned_bytes(compressed)
+
+    def held_buffer_bytes(self) -> int:
+        return super().held_buffer_bytes() + tensor_bytes(state_tensors(self.memory.state_dict()))
 
     def train_step(self, batch: Batch) -> StepStats:
         stats = super().train_step(batch)

@@ -70,6 +70,10 @@ class Memory:
     def update(self, tensor: torch.Tensor, name: str, compressor: Compressor, compressed: Compressed) -> None:
         return None
 
+    def planned_bytes(self, params: list[tuple[str, torch.Tensor]]) -> int:
+        """The bytes this memory will hold for these (name, parameter) pairs, planned before the first step."""
+        return 0
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -89,6 +93,10 @@ class ErrorFeedback(Memory):
 
     def update(self, tensor: torch.Tensor, name: str, compressor: Compressor, compressed: Compressed) -> None:
         self.residuals[name] = tensor - compressor.decompress(compressed.payload, compressed.ctx)
+
+    def planned_bytes(self, params: list[tuple[str, torch.Tensor]]) -> int:
+        """One fp32 residual per parameter."""
+        return sum(4 * p.numel() for _, p in params)
 
     def state_dict(self) -> dict[str, Any]:
         return {"residuals": dict(self.residuals)}

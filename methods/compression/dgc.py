@@ -241,6 +241,10 @@ class DGCMemory(Memory):
         if self.momentum_masking:
             self.momentums[name].index_fill_(0, sent, 0.0)
 
+    def planned_bytes(self, params: list[tuple[str, torch.Tensor]]) -> int:
+        """An fp32 momentum per parameter, and a velocity per parameter the compressor sparsifies."""
+        return sum(4 * p.numel() * (2 if self.compressor.num_selected(p.numel()) is not None else 1) for _, p in params)
+
     def state_dict(self) -> dict[str, Any]:
         return {"momentums": dict(self.momentums), "velocities": dict(self.velocities)}
 

@@ -12,6 +12,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 
 from harness.comm.communicator import ring_all_reduce_bytes
 from harness.data.tensors import Batch
+from harness.memory import gradient_bytes, state_tensors, tensor_bytes
 from harness.method import RunContext, StepStats, TrainParams
 from methods.compression.powersgd_state import ParameterState, compressed, matrix_shape
 from methods.compression.stats import bytes_record
@@ -99,6 +100,21 @@ class PowerSGD(DDP):
         self._dense_bytes += 4 * buffer.numel()
         self._previous = powerSGD_hook(state, bucket)
         return self._previous
+
+    def planned_buffer_bytes(self) -> int:
+        """DDP's buckets, torch's error per bucket (an fp32 copy of every gradient, with error feedback) and, with
+        warm start, each compressed matrix's P and Q (n·r' and m·r' fp32)."""
+        p = self.ctx.params
+        shapes = [tuple(q.shape) for q in self.network.parameters() if q.requires_grad]
+        factors = sum((matrix_shape(s)[0] + matrix_shape(s)[1]) * min(*matrix_shape(s), p.rank)
+                      for s in shapes if compressed(s, p.rank, p.min_compression_rate))
+        return (super().planned_buffer_bytes() + (gradient_bytes([self.network]) if p.use_error_feedback else 0)
+                + (4 * factors if p.warm_start else 0))
+
+    def held_buffer_bytes(self) -> int:
+        state = self.state
+        return super().held_buffer_bytes() + tensor_bytes(state_tensors(
+            [state.error_dict, state.p_memory_dict, state.q_memory_dict]))
 
     def train_step(self, batch: Batch) -> StepStats:
         stats = super().train_step(batch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -11,6 +12,20 @@ from torch import nn
 
 from harness.comm.channel import Receiver, Sender
 from harness.data.tensors import Batch, TensorData
+from harness.memory import (
+    MEASURED_STEPS,
+    LossBlock,
+    MemoryBytes,
+    SavedTensors,
+    chain_saved_bytes,
+    footprints,
+    gradient_bytes,
+    optimizer_state_bytes,
+    planned_optimizer_bytes,
+    storages,
+    tensor_bytes,
+    weight_bytes,
+)
 from harness.method import EvalResult, Method, RunContext, StepStats, TrainParams
 from harness.toolkit import clip_gradients, make_optimizer
 from methods.blocks import SUMS_WIDTH, classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
@@ -118,20 +133,27 @@ class Local(Method):
                                    f"than the step's batch: the queue lost its order")
         y = batch.targets(ids).to(device)
         h = h.to(device)
-        losses = []
-        for c in self.mine:
-            # Disjoint chunks start from a detached input. Overlapping ones cannot (u feeds chunk c's own shared
-            # block), so there each loss's backward is confined to its chunk's parameters instead.
-            h = self.path[c](h if self.shared else h.detach())
-            losses.append(loss_fn(self.heads[c](h), y))
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.shared:
-            for k, (c, loss) in enumerate(zip(self.mine, losses, strict=True)):
-                inputs = [q for m in (self.blocks[c], self.heads[c]) for q in m.parameters()]
-                if inputs:  # an empty `inputs` would mean every leaf
-                    torch.autograd.backward(loss, inputs=inputs, retain_graph=k < len(losses) - 1)
-        else:
-            torch.stack(losses).sum().backward()  # chunk inputs are detached: each loss reaches its own chunk only
+        watch = self._measured < MEASURED_STEPS
+        saved = SavedTensors(storages(self._modules())) if watch else contextlib.nullcontext()
+        with saved:
+            losses = []
+            for c in self.mine:
+                # Disjoint chunks start from a detached input. Overlapping ones cannot (u feeds chunk c's own shared
+                # block), so there each loss's backward is confined to its chunk's parameters instead.
+                h = self.path[c](h if self.shared else h.detach())
+                losses.append(loss_fn(self.heads[c](h), y))
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.shared:
+                for k, (c, loss) in enumerate(zip(self.mine, losses, strict=True)):
+                    inputs = [q for m in (self.blocks[c], self.heads[c]) for q in m.parameters()]
+                    if inputs:  # an empty `inputs` would mean every leaf
+                        torch.autograd.backward(loss, inputs=inputs, retain_graph=k < len(losses) - 1)
+            else:
+                torch.stack(losses).sum().backward()  # chunk inputs are detached: each loss reaches its own chunk
+        if watch:
+            self._measured += 1
+            grads = tensor_bytes(q.grad for m in self._modules() for q in m.parameters())
+            self._held = self._held.peak(MemoryBytes(gradients=grads, activations=saved.peak))
         if p.grad_clip is not None:
             for c in self.mine:
                 clip_gradients(self.chunk_parameters(c), p.grad_clip)
@@ -147,6 +169,34 @@ class Local(Method):
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.optimizer]
+
+    # -- memory: planned before the first step, measured on the first steps ----------------------------------------
+    _measured = 0
+    _held = MemoryBytes()
+
+    def _modules(self) -> list[nn.Module]:
+        return [m for c in self.mine for m in (self.blocks[c], self.heads[c])]
+
+    def memory_plan(self) -> dict[int, MemoryBytes]:
+        """This rank's chunks' (all of them in the virtual mode) weights, gradients and optimizer state, and the
+        activations of one step's forwards through each chunk, its head and its loss (profiled on a batch)."""
+        train, device, loss_fn = self.ctx.workload.train, self.ctx.device, self.ctx.workload.loss
+        index = torch.arange(min(len(train), self.ctx.params.batch_size))
+        h, y = train.inputs(index).to(device), train.targets(index).to(device)
+        activations = 0
+        for c in range(len(self.ranges)):
+            if c in self.mine:
+                prints = footprints([*self.path[c], self.heads[c], LossBlock(loss_fn, y)], h.detach())
+                activations += chain_saved_bytes(prints, 0, len(prints))
+            with torch.no_grad(), eval_mode([self.path[c]]):
+                h = self.path[c](h)
+        modules = self._modules()
+        return {self.ctx.rank: MemoryBytes(weights=weight_bytes(modules), gradients=gradient_bytes(modules),
+                                           optimizer=planned_optimizer_bytes(self.optimizer), activations=activations)}
+
+    def memory_held(self) -> dict[int, MemoryBytes]:
+        now = MemoryBytes(weights=weight_bytes(self._modules()), optimizer=optimizer_state_bytes(self.optimizer))
+        return {self.ctx.rank: self._held.peak(now)}
 
     def evaluate(self, test: TensorData) -> EvalResult | None:
         """Every chunk's head on the whole test set, through the chain; the last chunk's is the method's number."""

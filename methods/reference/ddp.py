@@ -6,6 +6,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from harness.data.tensors import Batch
+from harness.memory import gradient_bytes
 from harness.method import RunContext, TrainParams
 from harness.toolkit import make_optimizer
 from methods.reference.whole_model import WholeModelMethod
@@ -43,3 +44,15 @@ class DDP(WholeModelMethod):
 
     def local_batch(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         return batch.shard(self.ctx.rank, self.ctx.world_size)
+
+    def local_samples(self) -> int:
+        return self.ctx.params.batch_size // self.ctx.world_size
+
+    def planned_buffer_bytes(self) -> int:
+        """DDP's gradient buckets: a flat copy of every gradient (gradient_as_bucket_view is off)."""
+        return gradient_bytes([self.network])
+
+    def held_buffer_bytes(self) -> int:
+        """The buckets' bytes as DDP reports them (its logging data's bucket_sizes)."""
+        sizes = str(self.model._get_ddp_logging_data().get("bucket_sizes", ""))
+        return sum(int(size) for size in sizes.split(",") if size.strip())

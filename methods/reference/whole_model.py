@@ -9,6 +9,20 @@ import torch
 from torch import nn
 
 from harness.data.tensors import Batch, TensorData
+from harness.memory import (
+    MEASURED_STEPS,
+    LossBlock,
+    MemoryBytes,
+    SavedTensors,
+    chain_saved_bytes,
+    footprints,
+    gradient_bytes,
+    optimizer_state_bytes,
+    planned_optimizer_bytes,
+    storages,
+    tensor_bytes,
+    weight_bytes,
+)
 from harness.method import EvalResult, Method, StepStats
 from harness.toolkit import clip_gradients, evaluate_classifier
 
@@ -37,16 +51,61 @@ class WholeModelMethod(Method):
     def local_batch(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, labels) this rank trains on at this step."""
 
+    def local_samples(self) -> int:
+        """Samples this rank trains on per step (the global batch; a data-parallel rank its shard)."""
+        return self.ctx.params.batch_size
+
     def train_step(self, batch: Batch) -> StepStats:
         x, y = self.local_batch(batch)
         x, y = x.to(self.ctx.device), y.to(self.ctx.device)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.ctx.workload.loss(self.model(x), y)
-        loss.backward()
+        watch = self._measured < MEASURED_STEPS
+        saved = SavedTensors(storages([self.network])) if watch else None
+        if saved is not None:
+            with saved:
+                loss = self.ctx.workload.loss(self.model(x), y)
+                loss.backward()
+        else:
+            loss = self.ctx.workload.loss(self.model(x), y)
+            loss.backward()
         if self.clips_update:
             clip_gradients(self.model.parameters(), self.ctx.params.grad_clip)
+        grads = tensor_bytes(p.grad for p in self.network.parameters()) if watch else 0
         self.optimizer.step()
+        if saved is not None:
+            self._measured += 1
+            self._held = self._held.peak(MemoryBytes(gradients=grads, activations=saved.peak))
         return StepStats(loss=loss.item())
+
+    # -- memory: planned before the first step, measured on the first steps --------------------------------------
+    _measured = 0
+    _held = MemoryBytes()
+
+    def planned_buffer_bytes(self) -> int:
+        """Communication and compression state this rank will hold (none: one process)."""
+        return 0
+
+    def held_buffer_bytes(self) -> int:
+        """The same, measured now."""
+        return 0
+
+    def memory_plan(self) -> dict[int, MemoryBytes]:
+        """Weights, one gradient each, the optimizer's state, and the activations of one forward of this rank's
+        samples (the loss included), profiled on the model's blocks before the first step."""
+        train, device = self.ctx.workload.train, self.ctx.device
+        index = torch.arange(min(len(train), self.local_samples()))
+        x, y = train.inputs(index).to(device), train.targets(index).to(device)
+        prints = footprints([*self.network, LossBlock(self.ctx.workload.loss, y)], x)
+        net = [self.network]
+        return {self.ctx.rank: MemoryBytes(weights=weight_bytes(net), gradients=gradient_bytes(net),
+                                           optimizer=planned_optimizer_bytes(self.optimizer),
+                                           activations=chain_saved_bytes(prints, 0, len(prints)),
+                                           buffers=self.planned_buffer_bytes())}
+
+    def memory_held(self) -> dict[int, MemoryBytes]:
+        now = MemoryBytes(weights=weight_bytes([self.network]), optimizer=optimizer_state_bytes(self.optimizer),
+                          buffers=self.held_buffer_bytes())
+        return {self.ctx.rank: self._held.peak(now)}
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.optimizer]

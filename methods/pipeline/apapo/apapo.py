@@ -309,6 +309,9 @@ class APapo(PipelineMethod):
         return StepSchedule([schedules.segment(s, stages, microbatches, delays, t0) for s in range(stages)],
                             shift=microbatches, iteration_shift=1)
 
+    def schedule_at(self, step: int) -> Schedule:
+        return self.segment(step)
+
     def segment(self, iteration: int) -> Schedule:
         """Step `iteration`'s actions, one list per rank."""
         m, s_count = self.ctx.params.microbatches, self.num_stages

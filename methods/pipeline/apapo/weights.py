@@ -93,5 +93,9 @@ class DoubleBuffered(WeightPolicy):
     def held(self) -> int:
         return len(self._versions)
 
+    def planned_versions(self, in_flight: int) -> int:
+        """Versions live - D to live."""
+        return self.delay + 1 if self.delay > 0 else 0
+
     def needs_stash(self) -> bool:
         return self.delay > 0

@@ -13,6 +13,7 @@ from torch import nn
 
 from harness.comm.communicator import Communicator
 from harness.data.tensors import Batch, TensorData
+from harness.memory import Footprint, LossBlock, MemoryBytes, footprints
 from harness.method import EvalResult, Method, RunContext, StepStats
 from harness.toolkit import make_optimizer
 from harness.trace_export import write_chrome_trace
@@ -21,6 +22,7 @@ from methods.pipeline.core import planning
 from methods.pipeline.core.actions import Action, Schedule
 from methods.pipeline.core.codecs import Codec, make_codec
 from methods.pipeline.core.executor import Microbatches, ProcessExecutor, VirtualExecutor, Wire
+from methods.pipeline.core.memory import held_bytes, in_flight_peaks, stage_plan
 from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import Placement
 from methods.pipeline.core.records import StageClock, memory_peaks, step_extra
@@ -182,11 +184,45 @@ class PipelineMethod(Method):
             self.executor = ProcessExecutor(ctx.rank, mine, ctx.comm, self.placement, wire, replica_comms,
                                             self.sync_mean, **self.executor_options())
         self.clock = StageClock(self.num_stages)
+        self._prints = self._footprints(blocks)
         if ctx.rank == 0:
             self._write_partition(measured=None)
             if ctx.log is not None:
                 ctx.log("partition", ranges=self.ranges, replicas=self.plan.replicas, mode=self.plan.record["mode"],
                         predicted_s=[st["predicted_s"] for st in self.plan.record["predicted"]["stages"]])
+
+    # -- memory: planned before the first step, measured by the stages ---------------------------------------------
+    def _footprints(self, blocks: list[nn.Module]) -> list[Footprint]:
+        """Every block's saved activations on the largest microbatch, fed through the chain as stages receive it
+        (then the loss's), for the memory plan: one forward of the model on every rank."""
+        train, device = self.ctx.workload.train, self.ctx.device
+        index = torch.arange(min(len(train), max(self.microbatch_sizes())))
+        loss = LossBlock(self.ctx.workload.loss, train.targets(index).to(device))
+        return footprints([*blocks, loss], train.inputs(index).to(device), detach_inputs=True)
+
+    def schedule_at(self, step: int) -> Schedule:
+        """The actions train_step runs at `step`, one list per rank (the memory plan walks the first steps')."""
+        raise NotImplementedError(f"method {self.name!r} does not give its step schedules")
+
+    def forward_lane(self) -> bool:
+        """Whether a rank runs its forwards on a lane of their own, beside its backwards (default: one lane)."""
+        return False
+
+    def memory_plan(self) -> dict[int, MemoryBytes]:
+        """Per rank (every rank in the virtual mode), its stages' planned bytes, each stage holding the most
+        microbatches its schedule ever has it hold over the first 4S + 4 steps (core/memory.py)."""
+        peaks = in_flight_peaks((self.schedule_at(t) for t in range(4 * self.num_stages + 4)), self.forward_lane())
+        out: dict[int, MemoryBytes] = {}
+        for (rank, s), stage in sorted(self.workers.items()):
+            out[rank] = out.get(rank, MemoryBytes()) + stage_plan(stage, self.ranges[s], self._prints,
+                                                                  peaks.get((rank, s), 0))
+        return out
+
+    def memory_held(self) -> dict[int, MemoryBytes]:
+        out: dict[int, MemoryBytes] = {}
+        for (rank, _), stage in sorted(self.workers.items()):
+            out[rank] = out.get(rank, MemoryBytes()) + held_bytes(stage)
+        return out
 
     @property
     def virtual(self) -> bool:

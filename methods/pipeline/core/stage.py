@@ -12,6 +12,7 @@ from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 from torch.func import functional_call
 
+from harness.memory import optimizer_state_bytes, saved_bytes, tensor_bytes
 from harness.toolkit import clip_gradients
 from methods.pipeline.core.versions import WeightPolicy
 
@@ -45,11 +46,10 @@ class _SavedBytes:
         self.exclude, self.seen, self.total = exclude, set(), 0
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        pointer = storage.data_ptr()
+        pointer = tensor.untyped_storage().data_ptr()
         if pointer not in self.exclude and pointer not in self.seen:
             self.seen.add(pointer)
-            self.total += storage.nbytes()
+            self.total += saved_bytes(tensor)
         return tensor
 
     @staticmethod
@@ -66,6 +66,11 @@ class HeldBytes:
     activation_bytes: int = 0
     microbatches: int = 0
     weight_bytes: int = 0
+
+    def peak(self, other: HeldBytes) -> HeldBytes:
+        """Each field's larger value."""
+        return HeldBytes(max(self.activation_bytes, other.activation_bytes),
+                         max(self.microbatches, other.microbatches), max(self.weight_bytes, other.weight_bytes))
 
 
 class Stage:
@@ -89,7 +94,9 @@ class Stage:
         self._weight_pending: dict[Key, tuple[list, int]] = {}  # B done, W not yet: its graph's state, its bytes
         self.loss_sum = 0.0  # the loss accumulated by the last stage since the last `take_loss`
         self.backwards_since_update = 0
-        self.peak = HeldBytes()
+        self.peak = HeldBytes()  # since the last take_peak (a step's)
+        self.run_peak = HeldBytes()  # over the run
+        self.gradient_bytes = self.optimizer_bytes = 0  # the most gradient and optimizer-state bytes seen at updates
 
     # -- forward and backward -------------------------------------------------------------------------------------
     def forward(self, key: Key, x: torch.Tensor, y: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
@@ -229,7 +236,9 @@ class Stage:
         if self.clip_norm is not None:
             clip_gradients(self._params.values(), self.clip_norm, squared_norm)
         self.policy.before_update()
+        self.gradient_bytes = max(self.gradient_bytes, tensor_bytes(p.grad for p in self._params.values()))
         self.optimizer.step()
+        self.optimizer_bytes = max(self.optimizer_bytes, optimizer_state_bytes(self.optimizer))
         self.optimizer.zero_grad(set_to_none=True)
         self.policy.updated()
         self.backwards_since_update = 0
@@ -255,9 +264,7 @@ class Stage:
 
     def _note_memory(self) -> None:
         now = self.held()
-        self.peak = HeldBytes(max(self.peak.activation_bytes, now.activation_bytes),
-                           max(self.peak.microbatches, now.microbatches),
-                           max(self.peak.weight_bytes, now.weight_bytes))
+        self.peak, self.run_peak = now.peak(self.peak), now.peak(self.run_peak)
 
     def take_peak(self) -> HeldBytes:
         """The peak since the last call (the current holding starts the next period)."""

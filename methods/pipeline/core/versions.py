@@ -46,6 +46,10 @@ class WeightPolicy(abc.ABC):
         """Weight versions kept in memory besides the live one."""
         return 0
 
+    def planned_versions(self, in_flight: int) -> int:
+        """The most versions `held` will count when the stage holds `in_flight` microbatches (for the memory plan)."""
+        return 0
+
     def snapshot(self) -> Weights:
         """A detached copy of the live weights, each a leaf that collects its own gradient (as its parameter would)."""
         return {name: p.detach().clone().requires_grad_(p.requires_grad) for name, p in self.parameters.items()}

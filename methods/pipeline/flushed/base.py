@@ -69,6 +69,9 @@ class FlushedPipeline(PipelineMethod):
     def microbatch_size(self) -> int:
         return max(1, self.ctx.params.batch_size // self.ctx.params.microbatches)
 
+    def schedule_at(self, step: int) -> Schedule:
+        return self.schedule
+
     def train_step(self, batch: Batch) -> StepStats:
         m = self.ctx.params.microbatches
         sizes = self.microbatch_sizes(len(batch))

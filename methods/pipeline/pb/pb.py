@@ -141,8 +141,9 @@ class PipelinedBackprop(PipelineMethod):
         t = pb_delay(0, stages)
         return StepSchedule([pb_tick(s, stages, t, t + 1) for s in range(stages)], shift=1)
 
-    def _schedule(self, t: int) -> Schedule:
-        return place([pb_tick(s, self.num_stages, t, self.samples) for s in range(self.num_stages)], self.placement)
+    def schedule_at(self, step: int) -> Schedule:
+        """Tick `step`, with step + 1 samples entered (as train_step runs it)."""
+        return place([pb_tick(s, self.num_stages, step, step + 1) for s in range(self.num_stages)], self.placement)
 
     def _views(self, t: int, batch: Batch | None) -> dict[int, Microbatches]:
         """Each local stage's view of tick t: every sample still in flight has the batch size; stage 0 loads sample t,
@@ -163,7 +164,7 @@ class PipelinedBackprop(PipelineMethod):
         self.samples = t + 1
         if self.virtual or self.num_stages - 1 in self.placement.stages_of(self.ctx.rank):
             self._targets[t] = batch.targets().to(self.ctx.device)
-        stats = self.run(self._schedule(t), self._views(t, batch), t)
+        stats = self.run(self.schedule_at(t), self._views(t, batch), t)
         if t < self.num_stages - 1:
             stats.loss = None  # no sample has reached the last stage yet
         return stats
@@ -171,4 +172,5 @@ class PipelinedBackprop(PipelineMethod):
     def end_training(self) -> None:
         """The drain: 2(S-1) ticks without a new sample, so that every sample's backward runs at every stage."""
         for t in range(self.samples, self.samples + 2 * (self.num_stages - 1)):
-            self.run(self._schedule(t), self._views(t, None), -1)
+            self.run(place([pb_tick(s, self.num_stages, t, self.samples) for s in range(self.num_stages)],
+                           self.placement), self._views(t, None), -1)

@@ -85,5 +85,9 @@ class Predicted(WeightPolicy):
     def held(self) -> int:
         return len(self._kept) + (self._previous is not None)
 
+    def planned_versions(self, in_flight: int) -> int:
+        """The weights of every forward in flight where they are kept, and lwp_w's weights before the last update."""
+        return (in_flight if self.stash and self.delay > 0 else 0) + (self.prediction == "lwp_w")
+
     def needs_stash(self) -> bool:
         return self.stash and self.delay > 0

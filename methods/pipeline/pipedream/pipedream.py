@@ -74,6 +74,9 @@ class PipeDream(PipelineMethod):
     def _placed(self, per_stage) -> Schedule:
         return place([per_stage(s, self.placement.replicas(s)) for s in range(self.num_stages)], self.placement)
 
+    def schedule_at(self, step: int) -> Schedule:
+        return self.tick_schedule(step)
+
     def tick_schedule(self, t: int) -> Schedule:
         """Tick t of every stage, placed on the ranks."""
         return self._placed(lambda s, r: pipedream_tick(s, self.num_stages, t, r))

@@ -76,5 +76,12 @@ class Stashed(WeightPolicy):
     def held(self) -> int:
         return len(self._versions)
 
+    def planned_versions(self, in_flight: int) -> int:
+        """A stash per minibatch in flight (each made under its own version); with vertical sync also the versions
+        of the last s updates."""
+        if self.vertical_sync:
+            return in_flight + self.stage + 1
+        return in_flight if self.delay > 0 else 0
+
     def needs_stash(self) -> bool:
         return self.vertical_sync or self.delay > 0

@@ -67,5 +67,8 @@ class AheadVersions(WeightPolicy):
     def held(self) -> int:
         return len(self.copies)
 
+    def planned_versions(self, in_flight: int) -> int:
+        return -(-self.lead // self.microbatches) + 1 if self.lead > 1 else 0
+
     def needs_stash(self) -> bool:
         return self.lead > 1

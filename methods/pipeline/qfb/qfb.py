@@ -145,6 +145,12 @@ class QFB(PipelineMethod):
                             iteration_shift=1,
                             forward_lane=tuple(op.value for op in FORWARD_OPS) if lanes == 2 else ())
 
+    def schedule_at(self, step: int) -> Schedule:
+        return self.rank_schedule(step)
+
+    def forward_lane(self) -> bool:
+        return self.ctx.params.lanes == 2
+
     def rank_schedule(self, window: int) -> Schedule:
         p = self.ctx.params
         if p.sync == "ahead":

@@ -32,5 +32,8 @@ class OneVersionBehind(WeightPolicy):
     def held(self) -> int:
         return len(self.copies)
 
+    def planned_versions(self, in_flight: int) -> int:
+        return 2
+
     def needs_stash(self) -> bool:
         return True

@@ -1,0 +1,60 @@
+"""A pipeline's planned bytes per rank, before its first step: the microbatches each stage holds at its peak, walked
+from the very schedules its executor will run, times the stage's profiled activations, with its weights,
+gradients, optimizer state and the weight versions its policy keeps for that many."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from harness.memory import Footprint, MemoryBytes, chain_saved_bytes, gradient_bytes, planned_optimizer_bytes, \
+    weight_bytes
+from methods.pipeline.core.actions import Op, Schedule
+from methods.pipeline.core.stage import Stage
+
+#: What ends a microbatch's hold on a stage's activations: its backward, or a split backward's W (the first stage's
+#: B is its whole backward).
+_RELEASES = (Op.BACKWARD, Op.BACKWARD_WEIGHT)
+
+
+def in_flight_peaks(steps: Iterable[Schedule], lanes: bool = False) -> dict[tuple[int, int], int]:
+    """(worker, stage) -> the most microbatches the stage holds at once (forward run, backward not yet) over the
+    steps' schedules run in order, each worker's actions in its list's order. With `lanes` (forwards on a lane of
+    their own, as Q-FB runs them) a step's forwards may all run before any of its backwards: they are taken first."""
+    live: dict[tuple[int, int], set] = {}
+    peaks: dict[tuple[int, int], int] = {}
+    for schedule in steps:
+        for worker, actions in enumerate(schedule):
+            if lanes:
+                actions = sorted(actions, key=lambda a: a.op is not Op.FORWARD)  # stable: each lane keeps its order
+            for a in actions:
+                where = (worker, a.stage)
+                held = live.setdefault(where, set())
+                if a.op is Op.FORWARD:
+                    held.add(a.key)
+                    peaks[where] = max(peaks.get(where, 0), len(held))
+                elif a.op in _RELEASES or (a.op is Op.BACKWARD_INPUT and a.stage == 0):
+                    held.discard(a.key)
+    return peaks
+
+
+def stage_plan(stage: Stage, blocks: tuple[int, int], prints: list[Footprint], held: int) -> MemoryBytes:
+    """One stage's planned bytes when it holds `held` microbatches: weights, a gradient each, the optimizer's
+    state, its policy's versions for that many, and that many microbatches' activations: autograd's saved tensors of
+    blocks [a, b) (with the loss on the last stage; `prints` profiles every block and then the loss), or only the
+    stage input where the backward recomputes (`current` mode)."""
+    a, b = blocks
+    if stage.backward_mode == "current":
+        per_microbatch = prints[a].input_bytes
+    else:
+        per_microbatch = chain_saved_bytes(prints, a, b + 1 if stage.last else b)
+    return MemoryBytes(weights=weight_bytes([stage.module]), gradients=gradient_bytes([stage.module]),
+                       optimizer=planned_optimizer_bytes(stage.optimizer),
+                       versions=stage.policy.planned_versions(held) * stage.param_bytes,
+                       activations=held * per_microbatch)
+
+
+def held_bytes(stage: Stage) -> MemoryBytes:
+    """One stage's measured bytes over the run: each kind at its peak."""
+    return MemoryBytes(weights=weight_bytes([stage.module]), gradients=stage.gradient_bytes,
+                       optimizer=stage.optimizer_bytes, versions=stage.run_peak.weight_bytes,
+                       activations=stage.run_peak.activation_bytes)
