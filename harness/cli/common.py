@@ -29,11 +29,15 @@ def fail(message: str) -> int:
 
 
 def finish(outcomes) -> int:
-    """The closing lines of a run of runs: how many completed, then every other run with its message. Exit 0 or 1."""
-    bad = [o for o in outcomes if o.state != "completed"]
-    done = len(outcomes) - len(bad)
-    print(f"{done}/{len(outcomes)} runs completed.")
-    for o in bad:
+    """The closing lines of a run of runs: how many completed, then every other run with its message. Exit 0 when
+    every run completed or did not fit its memory_per_rank (a budget's verdict, refused before its first step, not
+    a failure), else 1."""
+    refused = [o for o in outcomes if o.state == "does_not_fit"]
+    bad = [o for o in outcomes if o.state not in ("completed", "does_not_fit")]
+    done = len(outcomes) - len(bad) - len(refused)
+    print(f"{done}/{len(outcomes)} runs completed." + (f" {len(refused)} did not fit memory_per_rank." if refused
+                                                       else ""))
+    for o in refused + bad:
         message = (o.error or {}).get("message") or "no error message"
         print(f"  {o.state}: {o.spec.run_id}: {message}")
     return 1 if bad else 0

@@ -12,7 +12,7 @@ from submitit.slurm.slurm import read_job_id
 from harness.launch.sites import Commands
 
 #: States after which nothing more happens to a run without a new `dtbench run`.
-FINAL = frozenset({"completed", "failed", "diverged", "preempted"})
+FINAL = frozenset({"completed", "failed", "diverged", "preempted", "does_not_fit"})
 ACTIVE_JOB = {"RUNNING": "running", "COMPLETING": "running", "CONFIGURING": "running", "SUSPENDED": "running",
               "STOPPED": "running", "RESIZING": "running", "SIGNALING": "running", "STAGE_OUT": "running",
               "PENDING": "pending", "REQUEUED": "requeued", "REQUEUE_HOLD": "requeued", "REQUEUE_FED": "requeued",
@@ -84,7 +84,7 @@ def combine(status: dict, job_state: str | None) -> tuple[str, str]:
     if job_state is None:
         return state, detail
     active = ACTIVE_JOB.get(job_state)
-    if state in ("completed", "diverged", "failed") and active is None:
+    if state in ("completed", "diverged", "failed", "does_not_fit") and active is None:
         return state, detail
     if active == "pending" and (state == "preempted" or status.get("restarts")):
         return "requeued", detail

@@ -37,8 +37,9 @@ def prepare_run_dir(spec: RunSpec, out: Path) -> Path:
 
 
 def is_completed(run_dir: Path) -> bool:
+    """Whether the run has ended for good: completed, or refused by its memory_per_rank (its plan does not change)."""
     try:
-        return json.loads((run_dir / "status.json").read_text()).get("state") == "completed"
+        return json.loads((run_dir / "status.json").read_text()).get("state") in ("completed", "does_not_fit")
     except (OSError, ValueError):
         return False
 
@@ -94,8 +95,9 @@ def run_specs(specs: list[RunSpec], out: Path, resume: bool = False, argv: list[
     for i, spec in enumerate(specs, 1):
         run_dir = out / spec.suite / spec.run_id
         if resume and is_completed(run_dir):
-            tqdm.write(f"[{i}/{len(specs)}] {spec.run_id}: completed earlier, skipped (--resume)")
-            outcomes.append(RunOutcome(spec, "completed", None, 0.0))
+            state = json.loads((run_dir / "status.json").read_text())["state"]
+            tqdm.write(f"[{i}/{len(specs)}] {spec.run_id}: {state.replace('_', ' ')} earlier, skipped (--resume)")
+            outcomes.append(RunOutcome(spec, state, None, 0.0))
             continue
         choice = resume_choice(run_dir, spec) if resume else None
         go_on = choice is not None

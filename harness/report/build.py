@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.report import baselines, comparisons, figures, hygiene, network, page, pipeline, rankings, stats, tables
+from harness.report import (baselines, comparisons, figures, hygiene, network, page, pipeline, rankings, resources,
+                            stats, tables)
 from harness.report import plots as plots_module
 from harness.results import RunResult, load_suite
 
@@ -134,6 +135,9 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
         extra = make(suite_dir, runs, table, out_dir)
         if extra:
             sections.append(extra)
+    memory_section = resources.memory_html(table)
+    if memory_section:
+        sections.append(memory_section)
     pipeline_section = pipeline.pipeline_html(used, used_table, out_dir)
     if pipeline_section:
         sections.append(pipeline_section)

@@ -1,7 +1,9 @@
-"""Throughput and memory in the report: samples per second per label, and each rank's peak resident memory."""
+"""Throughput and memory in the report: samples per second per label, each rank's peak resident memory, and the
+emulated device memory (planned against measured bytes, and the runs a memory_per_rank refused)."""
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -12,7 +14,8 @@ import pandas as pd
 from harness.report import stats
 from harness.report.figures import bar_panels, in_panel, label_bars, new_figure, note, panel_keys, panel_title
 from harness.report.styles import Style
-from harness.report.tables import numeric
+from harness.bytesize import format_bytes
+from harness.report.tables import numeric, state_text
 from harness.results import RunResult
 
 if TYPE_CHECKING:
@@ -86,3 +89,35 @@ def plot_peak_memory(memory: pd.DataFrame, interval: str = stats.CI_WORDS) -> Fi
             ax.set_title(key, loc="left", fontsize="medium")
     fig.suptitle(f"Peak resident memory of each rank (mean over seeds, {interval})")
     return fig
+
+
+def memory_html(table: pd.DataFrame) -> str:
+    """summary -> the 'Emulated device memory' section: per workload and label, the memory_per_rank, the largest
+    rank's planned and measured held bytes (means over seeds; a plan does not depend on the seed) and what became
+    of the runs: 'fits', or 'does not fit (needs X > Y)'. Empty when no run recorded a plan."""
+    rows = table[numeric(table, "planned_memory_bytes").notna()]
+    if rows.empty:
+        return ""
+    e = html.escape
+    body = []
+    for (workload, label), group in rows.groupby(["workload", "label"], sort=False):
+        planned = float(numeric(group, "planned_memory_bytes").mean())
+        held = numeric(group, "held_memory_bytes")
+        budget = float(numeric(group, "memory_per_rank").max())
+        refused = group[group["state"] == "does_not_fit"]
+        verdict = (state_text("does_not_fit", planned, budget) if len(refused) == len(group) else
+                   f"{len(group) - len(refused)} of {len(group)} fit" if len(refused) else
+                   "fits" if math.isfinite(budget) else "no budget")
+        ratio = planned / float(held.mean()) if held.notna().any() and held.mean() > 0 else math.nan
+        body.append(f"<tr><td>{e(str(workload))}</td><td>{e(str(label))}</td>"
+                    f"<td>{format_bytes(budget) if math.isfinite(budget) else '–'}</td>"
+                    f"<td>{format_bytes(planned)}</td>"
+                    f"<td>{format_bytes(float(held.mean())) if held.notna().any() else '–'}</td>"
+                    f"<td>{f'{ratio:.3f}' if math.isfinite(ratio) else '–'}</td><td>{e(verdict)}</td></tr>")
+    return ("<h2>Emulated device memory</h2>\n<p>Each method plans, before its first step, the bytes every rank will "
+            "hold: weights, gradients, optimizer state, the weight versions it keeps, the activations its schedule "
+            "holds at its peak, and communication and compression buffers (docs/memory.md). A run whose largest "
+            "rank's plan exceeds its memory_per_rank stops before training. <i>Held</i> is the same kinds measured "
+            "while training (each at its peak), on the largest rank.</p>\n<table>\n<tr><th>workload</th>"
+            "<th>label</th><th>memory_per_rank</th><th>planned</th><th>held (measured)</th><th>planned / held</th>"
+            "<th>runs</th></tr>\n" + "\n".join(body) + "\n</table>")

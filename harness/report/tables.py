@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.bytesize import format_bytes
 from harness.report import hygiene, stats
 from harness.report.pipeline import measured_bubble
 from harness.results import RunResult, reached_target, target_of
@@ -22,7 +23,8 @@ EXTRA_COLUMNS = ("label", "family", "steps", "epochs", "network", "samples_per_s
                  "peak_weight_bytes")
 #: Further columns (after EXTRA_COLUMNS): steady-state communication and measurement hygiene (report/hygiene.py).
 MORE_COLUMNS = ("last_epoch_bytes_per_sample", "cpu_share", "other_load", "noisy", "peak_rss_bytes", "final_loss",
-                "perplexity", "bytes_per_token", "tokens_per_s")
+                "perplexity", "bytes_per_token", "tokens_per_s", "memory_per_rank", "planned_memory_bytes",
+                "held_memory_bytes")
 CURVE_COLUMNS = ("label", "seed", "run_id", "x", "test_accuracy")
 #: Summary columns that the per-label aggregate averages over seeds, with their display names.
 AGGREGATED = {
@@ -110,7 +112,30 @@ def run_summary(run: RunResult) -> dict[str, Any]:
         "perplexity": math.exp(last_value(loss)) if math.isfinite(last_value(loss)) else math.nan,
         "bytes_per_token": bytes_per_token(spec, total_bytes / samples if samples > 0 else math.nan),
         "tokens_per_s": tokens_per(spec, samples / train_time if samples > 0 and train_time > 0 else math.nan),
+        **memory_columns(run),
     }
+
+
+def memory_columns(run: RunResult) -> dict[str, float]:
+    """memory_per_rank (the run's emulated device memory), planned_memory_bytes and held_memory_bytes (the largest
+    rank's planned and measured bytes), from status.json's final; NaN where a run has none."""
+    final = (run.status or {}).get("final") or {}
+    budget = (run.spec or {}).get("memory_per_rank")
+    out = {}
+    for key, value in (("memory_per_rank", budget), ("planned_memory_bytes", final.get("planned_memory_bytes")),
+                       ("held_memory_bytes", final.get("held_memory_bytes"))):
+        out[key] = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    return out
+
+
+def state_text(state: str, planned: float, budget: float) -> str:
+    """A run's state as the page says it: 'does not fit (needs 61.2 MB > 48.0 MB)' for a run its memory_per_rank
+    refused, else the state."""
+    if state != "does_not_fit":
+        return state
+    if math.isfinite(planned) and math.isfinite(budget):
+        return f"does not fit (needs {format_bytes(planned)} > {format_bytes(budget)})"
+    return "does not fit"
 
 
 def context_of(spec: dict[str, Any]) -> int | None:
@@ -210,6 +235,9 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
     - final_loss / perplexity: test_loss of the last eval record (per token for a language model) and exp of it.
     - bytes_per_token: bytes_per_sample / workload_options.context (a language model's tokens per window).
     - tokens_per_s: samples_per_s x workload_options.context (a language model's throughput in tokens).
+    - memory_per_rank: the run's emulated device memory (bytes; NaN without one); planned_memory_bytes and
+      held_memory_bytes: its largest rank's planned bytes (before the first step) and measured held bytes
+      (harness/memory.py's kinds, each at its peak). A run refused by memory_per_rank has state does_not_fit.
     A run without metrics still gets a row (NaN metrics, 0 bytes).
     """
     table = pd.DataFrame([run_summary(run) for run in runs],
@@ -222,7 +250,10 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
 def not_completed(runs: pd.DataFrame) -> str:
     """The states of the summary rows that did not complete, counted in order of appearance: 'diverged 2',
     'failed 1, diverged 1'; '' when every run completed."""
-    missing = runs.loc[runs["state"] != "completed", "state"].astype(str)
+    rows = runs[runs["state"] != "completed"]
+    missing = pd.Series([state_text(str(r["state"]), float(r.get("planned_memory_bytes", math.nan)),
+                                    float(r.get("memory_per_rank", math.nan))) for _, r in rows.iterrows()],
+                        dtype=object)
     return ", ".join(f"{state} {count}" for state, count in missing.value_counts(sort=False).items())
 
 def aggregate(table: pd.DataFrame, states: Sequence[str] | None = ("completed",)) -> pd.DataFrame:
@@ -331,7 +362,9 @@ def failures(runs: Sequence[RunResult]) -> pd.DataFrame:
         if run.status is None:
             message = message or "no readable status.json"
         run_id = run.spec.get("run_id") or run.run_dir.name
-        rows.append({"run_id": run_id, "label": run.label, "state": run.state, "rank": rank,
+        memory = memory_columns(run)
+        state = state_text(run.state, memory["planned_memory_bytes"], memory["memory_per_rank"])
+        rows.append({"run_id": run_id, "label": run.label, "state": state, "rank": rank,
                      "message": message})
     return pd.DataFrame(rows, columns=["run_id", "label", "state", "rank", "message"])
 

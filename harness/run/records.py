@@ -69,6 +69,7 @@ def utc_now() -> str:
 
 def write_status(run_dir: Path, state: str, error: dict[str, Any] | None = None,
                  final: dict[str, Any] | None = None, **extra: Any) -> None:
-    """status.json: state is one of running, completed, failed, diverged, preempted."""
+    """status.json: state is one of running, completed, failed, diverged, preempted, does_not_fit (a plan over
+    memory_per_rank, refused before the first step)."""
     write_json(run_dir / "status.json", {"state": state, "error": error, "final": final or {},
                                          "updated": utc_now(), **extra})
