@@ -94,6 +94,7 @@ class RunContext:
     seed: int
     run_dir: Path
     log: Any = None  # callable(kind: str, **fields): append a record of a method-specific kind to metrics.jsonl
+    memory_per_rank: int | None = None  # the emulated device memory of each rank (bytes), for planners that fit it
 
 
 @dataclass

@@ -10,8 +10,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.report import (baselines, comparisons, figures, hygiene, network, page, pipeline, rankings, resources,
-                            stats, tables)
+from harness.report import (
+    baselines,
+    comparisons,
+    figures,
+    hygiene,
+    network,
+    page,
+    pipeline,
+    rankings,
+    resources,
+    stats,
+    tables,
+)
 from harness.report import plots as plots_module
 from harness.results import RunResult, load_suite
 

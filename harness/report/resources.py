@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from harness.bytesize import format_bytes
 from harness.report import stats
 from harness.report.figures import bar_panels, in_panel, label_bars, new_figure, note, panel_keys, panel_title
 from harness.report.styles import Style
-from harness.bytesize import format_bytes
 from harness.report.tables import numeric, state_text
 from harness.results import RunResult
 

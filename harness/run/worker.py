@@ -214,7 +214,7 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     method_cls = registry.METHODS.get(spec.method)
     params = method_cls.Params.model_validate(spec.params)
     ctx = RunContext(rank=rank, world_size=spec.world_size, device=device, workload=instance, params=params,
-                     comm=comm, seed=spec.seed, run_dir=run_dir, log=writer.write)
+                     comm=comm, seed=spec.seed, run_dir=run_dir, log=writer.write, memory_per_rank=spec.memory_per_rank)
     torch.manual_seed(spec.seed)
     try:
         method = method_cls(ctx)

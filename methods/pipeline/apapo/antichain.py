@@ -6,11 +6,11 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from methods.pipeline.apapo.graph import LayerGraph, members
-from methods.pipeline.core.partitioner import stage_time, sync_time, transfer_time
+from methods.pipeline.core.partitioner import NoPlanFits, stage_time, sync_time, transfer_time
 
 _TIE_TOLERANCE = 1e-9  # as in partitioner.py: closer objective values are a tie, decided by the enumeration order
 MAX_ORDERS = 720  # rank orders tried at most (6 distinct ranks)
@@ -136,8 +136,13 @@ def predict(graph: LayerGraph, hardware: Hardware, prefixes: Sequence[int], grou
     return GraphPlan(tuple(stages), max(max(s.predicted_s, s.transfer_s) for s in stages))
 
 
+#: A stage's bytes per replica: (its nodes as a mask, replicas, stages after it, whether it is the only stage).
+StageBytes = Callable[[int, int, int, bool], int]
+
+
 def antichain_partition(graph: LayerGraph, hardware: Hardware, max_stages: int | None = None,
-                        replicate: bool = True) -> GraphPlan:
+                        replicate: bool = True, memory: StageBytes | None = None,
+                        budget: int | None = None) -> GraphPlan:
     """The pipeline over `graph` on all of `hardware`'s ranks with the smallest slowest stage.
 
     PipeDream's DP (Narayanan et al., SOSP 2019, section 3.1, over its antichain DAG, notes C2-C4), with states the
@@ -156,6 +161,9 @@ def antichain_partition(graph: LayerGraph, hardware: Hardware, max_stages: int |
     PipeDream; `replicate=False` gives one rank per stage (then exactly `workers` stages: straight_partition's plan
     on a chain). `max_stages` caps the stage count. With unequal ranks the DP runs for every rank order that differs
     (ranks with the same speed and links are interchangeable) and keeps the best, the identity order on ties.
+    With `memory` and `budget`, a stage whose bytes per replica exceed the budget is infeasible (the state also
+    carries the number of stages after the prefix, on which a stage's held microbatches and versions depend); when
+    no plan fits, NoPlanFits.
     """
     if max_stages is not None and max_stages < 1:
         raise ValueError(f"max_stages must be >= 1 or None, got {max_stages}")
@@ -165,9 +173,11 @@ def antichain_partition(graph: LayerGraph, hardware: Hardware, max_stages: int |
                          f"has {len(states)}")
     best: tuple[float, tuple] | None = None
     for order in _orders(hardware):
-        found = _solve(graph, states, hardware.permuted(order), max_stages, replicate)
+        found = _solve(graph, states, hardware.permuted(order), max_stages, replicate, memory, budget)
         if found is not None and (best is None or _better(found[0], best[0])):
             best = (found[0], tuple((mask, tuple(order[i] for i in group)) for mask, group in found[1]))
+    if best is None and memory is not None and budget is not None:
+        raise NoPlanFits(f"no plan of the layer graph on {hardware.workers} ranks fits {budget} bytes per rank")
     if best is None:
         raise ValueError(f"no pipeline of at most {max_stages} stages uses all {hardware.workers} ranks "
                          f"one per stage" if not replicate else "no plan found")
@@ -193,8 +203,15 @@ _Found = tuple[float, tuple[tuple[int, tuple[int, ...]], ...]]  # (slowest, ((do
 
 
 def _solve(graph: LayerGraph, states: list[int], hardware: Hardware, max_stages: int | None,
-           replicate: bool) -> _Found | None:
-    """The DP on ranks in the order 0..W-1 (stages take consecutive ranks)."""
+           replicate: bool, memory: StageBytes | None = None, budget: int | None = None) -> _Found | None:
+    """The DP on ranks in the order 0..W-1 (stages take consecutive ranks); `after`: the stages after the prefix
+    (always 0 without a budget)."""
+    limited = memory is not None and budget is not None
+
+    def fits(k: int, j: int, count: int, after: int) -> bool:
+        mask = states[j] & ~(states[k] if k >= 0 else 0)
+        return not limited or memory(mask, count, after, k < 0 and after == 0) <= budget
+
     count, workers = len(states), hardware.workers
     compute = [math.fsum(graph.profiles[i].compute_s for i in members(m)) for m in states]
     params = [sum(graph.profiles[i].param_bytes for i in members(m)) for m in states]
@@ -219,11 +236,12 @@ def _solve(graph: LayerGraph, states: list[int], hardware: Hardware, max_stages:
         return (value, (*prefix[1], *tail) if prefix else tail)
 
     @functools.cache
-    def best(j: int, m: int, left: int | None, last: int | None) -> _Found | None:
-        """The best plan of down-set j on ranks 0..m-1 with at most `left` stages; `last`: the last stage's rank
-        count (None: any; used with equal links, where the boundary does not depend on it)."""
+    def best(j: int, m: int, left: int | None, last: int | None, after: int = 0) -> _Found | None:
+        """The best plan of down-set j on ranks 0..m-1 with at most `left` stages, `after` stages following it;
+        `last`: the last stage's rank count (None: any; used with equal links, where the boundary does not depend
+        on it)."""
         incumbent: _Found | None = None
-        if (last is None or last == m) and (replicate or m == 1):
+        if (last is None or last == m) and (replicate or m == 1) and fits(-1, j, m, after):
             incumbent = solution(None, one_stage(-1, j, 0, m), -1, j, 0, m)
         if left == 1 or last == m:
             return incumbent
@@ -234,9 +252,12 @@ def _solve(graph: LayerGraph, states: list[int], hardware: Hardware, max_stages:
                 if not replicate and tail != 1:
                     continue
                 start = m - tail
+                if not fits(k, j, tail, after):
+                    continue
                 stage = one_stage(k, j, start, m)
-                prefixes = [(None, best(k, start, below, None))] if uniform else \
-                    [(r, best(k, start, below, r)) for r in range(1, start + 1)]
+                nxt = after + 1 if limited else 0
+                prefixes = [(None, best(k, start, below, None, nxt))] if uniform else \
+                    [(r, best(k, start, below, r, nxt)) for r in range(1, start + 1)]
                 for r, prefix in prefixes:
                     if prefix is None:
                         continue

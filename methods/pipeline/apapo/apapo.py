@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from harness.data.tensors import Batch
+from harness.memory import DoesNotFit
 from harness.method import RunContext, StepStats
 from harness.toolkit import uniform_split
 from harness.trace import StepSchedule
@@ -20,6 +21,7 @@ from methods.pipeline.apapo import antichain, layers
 from methods.pipeline.apapo import schedule as schedules
 from methods.pipeline.apapo.graph import LayerGraph
 from methods.pipeline.apapo.hardware import hardware_for
+from methods.pipeline.apapo.memory import GraphMemory, node_saved, output_bytes, shapes, stage_bytes
 from methods.pipeline.apapo.plan import LayerPlan, agree
 from methods.pipeline.apapo.weights import DoubleBuffered
 from methods.pipeline.core.actions import Schedule
@@ -28,7 +30,9 @@ from methods.pipeline.core.block_profile import profiles_to_dicts
 from methods.pipeline.core.interleaver import Interleaver
 from methods.pipeline.core.overlap import ArrivalWatch, overlap_summary, read_records
 from methods.pipeline.core.params import PipelineParams
+from methods.pipeline.core.partitioner import NoPlanFits
 from methods.pipeline.core.placement import Placement, place
+from methods.pipeline.core.plan_memory import nothing_fits
 from methods.pipeline.core.planning import Plan
 from methods.pipeline.core.versions import WeightPolicy
 from methods.pipeline.pb.prediction import NO_VELOCITY
@@ -222,22 +226,51 @@ class APapo(PipelineMethod):
         workers = self.planned_workers(ctx.world_size, params)
         traced = layers.trace(model, example, profile=params.profile if ctx.rank == 0 else "none")
         hardware, raw = hardware_for(ctx.comm, model, example, workers, params.rank_speeds, params.bandwidth)
-        solved = None
+        solved, refused = None, None
         if ctx.rank == 0:
-            prefixes, groups, record = self._solve(traced, hardware, workers)
-            solved = LayerPlan(prefixes, groups, {**record, "measured_before_snapping": raw})
+            try:
+                prefixes, groups, record = self._solve(traced, hardware, workers, self._graph_memory(traced, example))
+                solved = LayerPlan(prefixes, groups, {**record, "measured_before_snapping": raw})
+            except DoesNotFit as exc:  # every rank learns it through the plan (no stage): none waits
+                refused, solved = exc, LayerPlan([], ())
         self.layer_plan = agree(solved, traced.graph.size, workers, ctx.comm if ctx.world_size > 1 else None)
+        if not self.layer_plan.prefixes:
+            raise refused or DoesNotFit("does not fit: rank 0's planner found no plan within memory_per_rank")
         return list(layers.split(traced, self.layer_plan.prefixes))
 
-    def _solve(self, traced: layers.TracedModel, hardware: antichain.Hardware, workers: int
+    def _graph_memory(self, traced: layers.TracedModel, example: torch.Tensor) -> GraphMemory:
+        """The planner's price of a down-set stage (apapo/memory.py), from every layer's saved activations on the
+        microbatch `example`."""
+        train, workers = self.ctx.workload.train, self.planned_workers(self.ctx.world_size, self.ctx.params)
+        targets = train.targets(torch.arange(len(example))).to(self.ctx.device)
+        saved = node_saved(traced, example, self.ctx.workload.loss, targets)
+        return GraphMemory(self.stage_cost(workers), traced.graph, saved, output_bytes(traced, example))
+
+    def planned_stage_versions(self, after: int, alone: bool, held: int) -> int:
+        """D + 1 double-buffered versions at a stage of delay D > 0 (stage_delays' rule, by its place from the
+        end), none at D = 0."""
+        p = self.ctx.params
+        if alone:
+            return 0
+        delay = p.iterations_in_flight - 1 if p.delays == "uniform" else \
+            min(p.iterations_in_flight - 1, -(-after // p.microbatches))
+        return delay + 1 if delay > 0 else 0
+
+    def _solve(self, traced: layers.TracedModel, hardware: antichain.Hardware, workers: int, memory: GraphMemory
                ) -> tuple[list[int], list[tuple[int, ...]], dict[str, Any]]:
-        """Rank 0: the plan's down-sets and rank groups, and what partition.json records about it."""
-        params, graph = self.ctx.params, traced.graph
+        """Rank 0: the plan's down-sets and rank groups, and what partition.json records about it. Under
+        memory_per_rank the antichain DP keeps to plans whose every stage fits (DoesNotFit when none does)."""
+        params, graph, budget = self.ctx.params, traced.graph, self.ctx.memory_per_rank
         record: dict[str, Any] = {"mode": params.partition if isinstance(params.partition, str) else "manual",
                                   "profile": params.profile, "rank_speeds": hardware.speeds,
                                   "bandwidth": hardware.bandwidth}
         if params.partition == "antichain":
-            plan = antichain.antichain_partition(graph, hardware, params.stages, params.replicate)
+            try:
+                plan = antichain.antichain_partition(graph, hardware, params.stages, params.replicate,
+                                                     memory if budget is not None else None, budget)
+            except NoPlanFits:
+                raise nothing_fits(shapes(graph, hardware, workers, params.stages, None, memory, budget),
+                                   budget) from None
             prefixes, total = [], 0
             for stage in plan.stages:
                 total |= sum(1 << i for i in stage.nodes)
@@ -259,6 +292,10 @@ class APapo(PipelineMethod):
                 groups.append(tuple(range(first, first + r)))
                 first += r
         predicted = antichain.predict(graph, hardware, prefixes, groups)
+        record["memory"] = {"memory_per_rank": budget, "stage_bytes": stage_bytes(predicted, memory),
+                            "held_microbatches": [memory.cost.held(len(g), len(groups) - 1 - i)
+                                                  for i, g in enumerate(groups)],
+                            "candidates": shapes(graph, hardware, workers, params.stages, predicted, memory, budget)}
         record["predicted"] = {"slowest_s": predicted.slowest_s,
                                "stages": [{"compute_s": s.compute_s, "predicted_s": max(s.predicted_s, s.transfer_s),
                                            "transfer_s": s.transfer_s, "sync_s": s.sync_s} for s in predicted.stages]}

@@ -122,7 +122,7 @@ def _parameters(module: fx.GraphModule, node: fx.Node) -> list[nn.Parameter]:
     return []
 
 
-def _call(module: fx.GraphModule, node: fx.Node, args: tuple, kwargs: dict) -> Any:
+def call_node(module: fx.GraphModule, node: fx.Node, args: tuple, kwargs: dict) -> Any:
     if node.op == "call_module":
         return module.get_submodule(node.target)(*args, **kwargs)
     if node.op == "call_function":
@@ -134,7 +134,7 @@ def _call(module: fx.GraphModule, node: fx.Node, args: tuple, kwargs: dict) -> A
     raise ValueError(f"cannot profile fx node {node.name} ({node.op})")
 
 
-def _node_inputs(module: fx.GraphModule, node: fx.Node, values: dict
+def node_inputs(module: fx.GraphModule, node: fx.Node, values: dict
                  ) -> tuple[tuple, dict, list[torch.Tensor], list[torch.Tensor]]:
     """A node's args and kwargs on fresh leaves of its inputs' values, what its backward differentiates (the
     floating-point inputs and its trainable parameters), and those inputs and parameters."""
@@ -148,11 +148,11 @@ def _node_inputs(module: fx.GraphModule, node: fx.Node, values: dict
 
 def _profile_node(module: fx.GraphModule, node: fx.Node, values: dict, repeats: int, warmup: int
                   ) -> tuple[torch.Tensor, float, float]:
-    args, kwargs, wrt, _ = _node_inputs(module, node, values)
+    args, kwargs, wrt, _ = node_inputs(module, node, values)
     forwards, backwards, out = [], [], None
     for run in range(warmup + repeats):
         start = time.perf_counter()
-        out = _call(module, node, args, kwargs)
+        out = call_node(module, node, args, kwargs)
         middle = time.perf_counter()
         if isinstance(out, torch.Tensor) and out.requires_grad and wrt:
             torch.autograd.grad(out, wrt, grad_outputs=torch.ones_like(out), allow_unused=True)
@@ -166,9 +166,9 @@ def _count_node(module: fx.GraphModule, node: fx.Node, values: dict) -> tuple[to
     """A node's forward and backward 'seconds' on the nominal rank: FLOPs / COUNTED_FLOPS + bytes / COUNTED_BYTES +
     COUNTED_OVERHEAD_S (forward: inputs and parameters read, output written; backward: twice the bytes and the
     overhead, reading and writing gradients; none for a node with nothing to differentiate)."""
-    args, kwargs, wrt, read = _node_inputs(module, node, values)
+    args, kwargs, wrt, read = node_inputs(module, node, values)
     with FlopCounterMode(display=False) as forward:
-        out = _call(module, node, args, kwargs)
+        out = call_node(module, node, args, kwargs)
     backward_flops = 0
     if isinstance(out, torch.Tensor) and out.requires_grad and wrt:
         with FlopCounterMode(display=False) as backward:

@@ -22,7 +22,14 @@ from methods.pipeline.core import planning
 from methods.pipeline.core.actions import Action, Schedule
 from methods.pipeline.core.codecs import Codec, make_codec
 from methods.pipeline.core.executor import Microbatches, ProcessExecutor, VirtualExecutor, Wire
-from methods.pipeline.core.memory import held_bytes, in_flight_peaks, stage_plan
+from methods.pipeline.core.memory import (
+    StageCost,
+    held_bytes,
+    in_flight_by_after,
+    in_flight_peaks,
+    optimizer_slots,
+    stage_plan,
+)
 from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import Placement
 from methods.pipeline.core.records import StageClock, memory_peaks, step_extra
@@ -147,9 +154,11 @@ class PipelineMethod(Method):
         params = self.ctx.params
         auto = params.replicas == "auto"
         replicas = params.replicas if isinstance(params.replicas, list) else None
+        most = min(len(blocks), max(self.ctx.world_size, stages or 1))
         return planning.make_plan(blocks, example, params.partition, params.stages if auto else stages,
                                   replicas or (None if auto else [1] * stages), self.ctx.world_size,
-                                  params.bandwidth, self.ctx.comm, auto_replicas=auto)
+                                  params.bandwidth, self.ctx.comm, auto_replicas=auto, cost=self.stage_cost(most),
+                                  prints=self._prints, budget=self.ctx.memory_per_rank)
 
     def executor_options(self) -> dict[str, Any]:
         """Extra keyword arguments of this rank's ProcessExecutor (e.g. overlap; default none)."""
@@ -164,6 +173,7 @@ class PipelineMethod(Method):
         stages = self.requested_stages(ctx.world_size, params)
         if stages is not None and len(blocks) < stages:
             raise ValueError(f"the workload's model has {len(blocks)} blocks: too few for {stages} stages")
+        self._prints = self._footprints(blocks)
         self.plan = self.make_plan(blocks, example.to(ctx.device), stages)
         self.ranges, self.num_stages = self.plan.ranges, len(self.plan.ranges)
         self.placement = self.make_placement(self.num_stages, self.plan.replicas)
@@ -184,7 +194,6 @@ class PipelineMethod(Method):
             self.executor = ProcessExecutor(ctx.rank, mine, ctx.comm, self.placement, wire, replica_comms,
                                             self.sync_mean, **self.executor_options())
         self.clock = StageClock(self.num_stages)
-        self._prints = self._footprints(blocks)
         if ctx.rank == 0:
             self._write_partition(measured=None)
             if ctx.log is not None:
@@ -207,6 +216,20 @@ class PipelineMethod(Method):
     def forward_lane(self) -> bool:
         """Whether a rank runs its forwards on a lane of their own, beside its backwards (default: one lane)."""
         return False
+
+    def stage_cost(self, stages: int) -> StageCost:
+        """The planners' price of a candidate stage in a pipeline of up to `stages` stages (core/memory.py): the
+        microbatches each position holds, walked from the method's own steady-state step."""
+        step = None
+        if stages > 1:
+            step = type(self).step_schedule(stages, getattr(self.ctx.params, "microbatches", 1))
+        in_flight = in_flight_by_after(step, self.forward_lane()) if step is not None else (1,)
+        return StageCost(in_flight, optimizer_slots(self.ctx.params), self.planned_stage_versions)
+
+    def planned_stage_versions(self, after: int, alone: bool, held: int) -> int:
+        """The weight versions a stage with `after` stages after it keeps while holding `held` microbatches, for
+        the planners (its policy's planned_versions once it exists; default: none, the live weights only)."""
+        return 0
 
     def memory_plan(self) -> dict[int, MemoryBytes]:
         """Per rank (every rank in the virtual mode), its stages' planned bytes, each stage holding the most

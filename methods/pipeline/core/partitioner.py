@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from methods.pipeline.core.block_profile import BlockProfile
@@ -94,6 +94,15 @@ def stage_time(compute_s: float, param_bytes: float, replicas: int, bandwidth: f
     return max(compute_s, sync_time(param_bytes, replicas, bandwidth)) / replicas
 
 
+#: A stage's bytes per replica: (first block, end block, replicas, stages after it) -> bytes. A stage's weight
+#: versions and held microbatches depend on how many stages follow it (1F1B holds S - s), so the DP carries that count.
+StageBytes = Callable[[int, int, int, int], int]
+
+
+class NoPlanFits(ValueError):
+    """No partition puts every stage within the memory budget."""
+
+
 def pipedream_partition(
     profiles: Sequence[BlockProfile],
     workers: int,
@@ -101,6 +110,8 @@ def pipedream_partition(
     max_stages: int | None = None,
     *,
     allow_idle_workers: bool = False,
+    memory: StageBytes | None = None,
+    budget: int | None = None,
 ) -> PartitionPlan:
     """The pipeline of contiguous stages, each replicated over some workers, with the fastest slowest stage.
 
@@ -118,35 +129,42 @@ def pipedream_partition(
 
     Ties (objective values within a relative 1e-9) keep the first candidate in the recurrence's order: the prefix as
     one stage, then the last cut i from earliest to latest, then the last stage's replicas m' from fewest to most.
+
+    With `memory` and `budget`, a stage whose bytes per replica (memory(start, end, replicas, stages after it))
+    exceed the budget is infeasible: the DP returns the fastest plan whose every stage fits, and raises NoPlanFits
+    when none does.
     """
     _check_profiles(profiles, bandwidth)
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if max_stages is not None and max_stages < 1:
         raise ValueError(f"max_stages must be >= 1 or None, got {max_stages}")
-    solve = _solver(profiles, bandwidth, replicate=True)
+    solve = _solver(profiles, bandwidth, replicate=True, memory=memory, budget=budget)
     candidates = range(1, workers + 1) if allow_idle_workers else [workers]
     best = None
     for used in candidates:
-        found = solve(len(profiles), used, max_stages)
+        found = solve(len(profiles), used, max_stages, 0)
         if found is not None and (best is None or _better(found[0], best[0])):
             best = found
-    assert best is not None  # one stage on all workers is always feasible
+    if best is None:  # only under a budget: one stage on all workers is otherwise always feasible
+        raise NoPlanFits(f"no partition of {len(profiles)} blocks on {workers} workers fits {budget} bytes per rank")
     return predict(profiles, [(s, e) for s, e, _ in best[1]], bandwidth, replicas=[r for _, _, r in best[1]])
 
 
-def straight_partition(profiles: Sequence[BlockProfile], stages: int, bandwidth: float = 1e9) -> PartitionPlan:
+def straight_partition(profiles: Sequence[BlockProfile], stages: int, bandwidth: float = 1e9,
+                       memory: StageBytes | None = None, budget: int | None = None) -> PartitionPlan:
     """Exactly `stages` stages on one worker each (no replication), with the fastest slowest stage.
 
     The same recurrence as pipedream_partition with every m' = 1: A(j, s) = min_i max(A(i, s-1), 2 C_i / B,
     sum_{l=i+1..j} T_l). This is the split an executor runs when the world size equals the number of stages. Ties as
-    in pipedream_partition: the earliest last cut wins.
+    in pipedream_partition: the earliest last cut wins. `memory` and `budget` as in pipedream_partition.
     """
     _check_profiles(profiles, bandwidth)
     if not 1 <= stages <= len(profiles):
         raise ValueError(f"cannot cut {len(profiles)} blocks into {stages} stages (need 1 <= stages <= blocks)")
-    found = _solver(profiles, bandwidth, replicate=False)(len(profiles), stages, None)
-    assert found is not None  # stages <= blocks is always feasible
+    found = _solver(profiles, bandwidth, replicate=False, memory=memory, budget=budget)(len(profiles), stages, None, 0)
+    if found is None:  # only under a budget: stages <= blocks is otherwise always feasible
+        raise NoPlanFits(f"no cut of {len(profiles)} blocks into {stages} stages fits {budget} bytes per rank")
     return predict(profiles, [(s, e) for s, e, _ in found[1]], bandwidth)
 
 
@@ -202,12 +220,18 @@ def predict(
 _Solution = tuple[float, tuple[tuple[int, int, int], ...]]  # (slowest stage time, ((start, end, replicas), ...))
 
 
-def _solver(profiles: Sequence[BlockProfile], bandwidth: float, replicate: bool):
-    """best(end, m, stages_left): the optimal pipeline of blocks [0, end) on exactly m workers, or None if none fits.
+def _solver(profiles: Sequence[BlockProfile], bandwidth: float, replicate: bool, memory: StageBytes | None = None,
+            budget: int | None = None):
+    """best(end, m, stages_left, after): the optimal pipeline of blocks [0, end) on exactly m workers, followed by
+    `after` more stages, or None if none fits.
 
     stages_left caps the number of stages (None: no cap). Without replication every stage has one worker, so m is
-    also the number of stages.
+    also the number of stages. Without a budget `after` is always 0 (nothing depends on it).
     """
+    limited = memory is not None and budget is not None
+
+    def fits(start: int, end: int, count: int, after: int) -> bool:
+        return not limited or memory(start, end, count, after) <= budget
     compute = [0.0]
     params = [0]
     for profile in profiles:
@@ -218,9 +242,9 @@ def _solver(profiles: Sequence[BlockProfile], bandwidth: float, replicate: bool)
         return stage_time(compute[end] - compute[start], params[end] - params[start], count, bandwidth)
 
     @functools.cache
-    def best(end: int, m: int, stages_left: int | None) -> _Solution | None:
+    def best(end: int, m: int, stages_left: int | None, after: int) -> _Solution | None:
         incumbent: _Solution | None = None
-        if replicate or m == 1:
+        if (replicate or m == 1) and fits(0, end, m, after):
             incumbent = (one_stage(0, end, m), ((0, end, m),))
         if stages_left == 1:
             return incumbent
@@ -228,7 +252,9 @@ def _solver(profiles: Sequence[BlockProfile], bandwidth: float, replicate: bool)
         for cut in range(1, end):
             boundary = transfer_time(profiles[cut - 1].activation_bytes, bandwidth)
             for last in range(1, m if replicate else min(m, 2)):
-                prefix = best(cut, m - last, below)
+                if not fits(cut, end, last, after):
+                    continue
+                prefix = best(cut, m - last, below, after + 1 if limited else 0)
                 if prefix is None:
                     continue
                 value = max(prefix[0], boundary, one_stage(cut, end, last))

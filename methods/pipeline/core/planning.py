@@ -12,9 +12,11 @@ import torch
 from torch import nn
 
 from harness.comm.communicator import Communicator
+from harness.memory import DoesNotFit, Footprint
 from harness.toolkit import uniform_split
 from methods.pipeline.core import block_profile as profiler
-from methods.pipeline.core import partitioner
+from methods.pipeline.core import partitioner, plan_memory
+from methods.pipeline.core.memory import StageCost
 
 
 @dataclass
@@ -53,7 +55,8 @@ class Plan:
 
 def make_plan(blocks: list[nn.Module], example: torch.Tensor, partition: str | list[int], stages: int | None,
               replicas: list[int] | None, workers: int, bandwidth: float, comm: Communicator,
-              auto_replicas: bool = False) -> Plan:
+              auto_replicas: bool = False, cost: StageCost | None = None, prints: list[Footprint] | None = None,
+              budget: int | None = None) -> Plan:
     """The stage ranges and replicas, the same on every rank (collective when comm.world_size > 1).
 
     Rank 0 profiles every block on `example` (a microbatch), so every split, chosen or solved, comes with PipeDream's
@@ -61,12 +64,24 @@ def make_plan(blocks: list[nn.Module], example: torch.Tensor, partition: str | l
     block counts); or 'auto': PipeDream's DP for `stages` stages on one rank each, or, with `auto_replicas`, over all
     `workers` with replication (the DP picks the stage count too, at most `stages` when given). `replicas` (per stage)
     is used as given. Rank 0 broadcasts its answer (category `control`).
+
+    With `cost` and `prints` (the stages' price and every block's saved activations, then the loss's), record
+    ['memory'] gives each stage's planned bytes and, for 'auto', the fastest plan of each stage count with its
+    verdict; under `budget` (memory_per_rank) 'auto' chooses the fastest plan whose every stage fits, and when none
+    does every rank raises DoesNotFit with what the smallest candidate needs.
     """
     n = len(blocks)
     agreed = torch.zeros(2 * n + 2, dtype=torch.int64)  # [S, b_0..b_S, r_0..r_{S-1}]
     record: dict[str, Any] = {"mode": partition if isinstance(partition, str) else "manual", "bandwidth": bandwidth}
+    refused: DoesNotFit | None = None
     if comm.rank == 0:
         profiles = profiler.profile_blocks(blocks, example)
+        memory = plan_memory.ChainMemory(cost, prints, profiles) if cost is not None and prints is not None else None
+        limit = {"memory": memory, "budget": budget} if memory is not None and budget is not None else {}
+        shapes: list = []
+        if memory is not None and partition == "auto":
+            most = (stages or min(workers, n)) if auto_replicas else (stages or len(replicas or [1]))
+            shapes = plan_memory.candidates(profiles, workers, bandwidth, most, auto_replicas)
         chosen = list(replicas) if replicas else None
         if isinstance(partition, list):
             if partition[-1] >= n:
@@ -74,27 +89,38 @@ def make_plan(blocks: list[nn.Module], example: torch.Tensor, partition: str | l
             ranges = list(zip([0, *partition], [*partition, n], strict=True))
         elif partition == "uniform":
             ranges = uniform_split(n, stages or len(chosen))
-        elif auto_replicas:  # PipeDream's plan over every worker, replication included
-            best = partitioner.pipedream_partition(profiles, workers, bandwidth, max_stages=stages)
-            record["best_with_replication"] = best.to_dict()
-            ranges, chosen = best.ranges, best.replicas
         else:
-            count = stages or len(chosen)
-            ranges = partitioner.straight_partition(profiles, count, bandwidth).ranges
-            best = partitioner.pipedream_partition(profiles, max(workers, count), bandwidth)
-            record["best_with_replication"] = best.to_dict()
-        chosen = chosen or [1] * len(ranges)
-        if len(chosen) != len(ranges):
-            raise ValueError(f"replicas {chosen} name {len(chosen)} stages; the split has {len(ranges)}")
-        record["predicted"] = partitioner.predict(profiles, ranges, bandwidth, chosen).to_dict()
-        record["profiles"] = profiler.profiles_to_dicts(profiles)
-        s = len(ranges)
-        agreed[0] = s
-        agreed[1:s + 2] = torch.tensor([a for a, _ in ranges] + [n])
-        agreed[s + 2:2 * s + 2] = torch.tensor(chosen)
+            try:
+                if auto_replicas:  # PipeDream's plan over every worker, replication included
+                    best = partitioner.pipedream_partition(profiles, workers, bandwidth, max_stages=stages, **limit)
+                    record["best_with_replication"] = best.to_dict()
+                    ranges, chosen = best.ranges, best.replicas
+                else:
+                    count = stages or len(chosen)
+                    ranges = partitioner.straight_partition(profiles, count, bandwidth, **limit).ranges
+                    best = partitioner.pipedream_partition(profiles, max(workers, count), bandwidth)
+                    record["best_with_replication"] = best.to_dict()
+            except partitioner.NoPlanFits:
+                refused = plan_memory.nothing_fits(plan_memory.verdicts(shapes, None, memory, budget), budget)
+        if refused is None:
+            chosen = chosen or [1] * len(ranges)
+            if len(chosen) != len(ranges):
+                raise ValueError(f"replicas {chosen} name {len(chosen)} stages; the split has {len(ranges)}")
+            predicted = partitioner.predict(profiles, ranges, bandwidth, chosen)
+            record["predicted"] = predicted.to_dict()
+            record["profiles"] = profiler.profiles_to_dicts(profiles)
+            if memory is not None:
+                rows = plan_memory.verdicts(shapes, predicted, memory, budget)
+                record["memory"] = plan_memory.record(memory, ranges, chosen, budget, rows)
+            s = len(ranges)
+            agreed[0] = s
+            agreed[1:s + 2] = torch.tensor([a for a, _ in ranges] + [n])
+            agreed[s + 2:2 * s + 2] = torch.tensor(chosen)
     if comm.world_size > 1:
         comm.broadcast(agreed, 0, "control")
     s = int(agreed[0])
+    if s == 0:  # rank 0 found no plan that fits: every rank stops, before any stage is built
+        raise refused or DoesNotFit("does not fit: rank 0's planner found no plan within memory_per_rank")
     bounds = agreed[1:s + 2].tolist()
     return Plan([(bounds[i], bounds[i + 1]) for i in range(s)], agreed[s + 2:2 * s + 2].tolist(), record)
 

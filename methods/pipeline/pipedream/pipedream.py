@@ -77,6 +77,10 @@ class PipeDream(PipelineMethod):
     def schedule_at(self, step: int) -> Schedule:
         return self.tick_schedule(step)
 
+    def planned_stage_versions(self, after: int, alone: bool, held: int) -> int:
+        """A stash per minibatch in flight where an update comes between a forward and its backward."""
+        return held if after > 0 else 0
+
     def tick_schedule(self, t: int) -> Schedule:
         """Tick t of every stage, placed on the ranks."""
         return self._placed(lambda s, r: pipedream_tick(s, self.num_stages, t, r))
