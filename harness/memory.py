@@ -64,8 +64,8 @@ class MemoryBytes:
 
     def describe(self) -> str:
         """The non-zero kinds, largest first: 'weights 3.2 MB, activations 1.1 MB'."""
-        parts = sorted(((getattr(self, k), k) for k in KINDS if getattr(self, k)), reverse=True)
-        return ", ".join(f"{k} {format_bytes(v)}" for v, k in parts)
+        parts = sorted((k for k in KINDS if getattr(self, k)), key=lambda k: -getattr(self, k))  # stable: KINDS order
+        return ", ".join(f"{k} {format_bytes(getattr(self, k))}" for k in parts)
 
 
 assert tuple(f.name for f in fields(MemoryBytes)) == KINDS

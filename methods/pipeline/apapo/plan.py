@@ -23,6 +23,8 @@ class LayerPlan:
     def to_tensor(self, nodes: int, workers: int) -> torch.Tensor:
         """[S, each node's stage, each rank's stage, each rank's place in its stage's group], int64."""
         packed = torch.zeros(1 + nodes + 2 * workers, dtype=torch.int64)
+        if not self.prefixes:  # no plan (nothing fits the memory budget): S = 0 tells every rank
+            return packed
         packed[0] = len(self.prefixes)
         for i in range(nodes):
             packed[1 + i] = next(s for s, mask in enumerate(self.prefixes) if mask >> i & 1)

@@ -1,0 +1,103 @@
+"""Every method's planned bytes against what its ranks measurably held: plan >= held and plan <= 1.2 x held on every
+rank, kind by kind where the plan counts a kind, over runs of every registered method and the switches that change
+what a method keeps (weight versions, lanes, the virtual mode)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness.registry import BUILTIN_METHODS
+from harness.results import read_jsonl
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+
+RUNS = [
+    ("sgd", 1, {}, None), ("ddp", 2, {}, None), ("fp16", 2, {}, None), ("qsgd", 2, {"bits": 4}, None),
+    ("terngrad", 2, {}, None), ("dgc", 2, {}, None), ("onebit", 2, {}, None),
+    ("powersgd", 2, {"rank": 2, "start_iter": 3}, None), ("local", 2, {}, None), ("local", 1, {"chunks": 3}, None),
+    ("gpipe", 2, {"microbatches": 4}, None), ("gpipe", 1, {"microbatches": 4, "stages": 3}, None),
+    ("1f1b", 2, {"microbatches": 4}, None), ("zb-h1", 3, {"microbatches": 4}, None),
+    ("pipedream", 3, {}, None), ("pipedream", 3, {"replicas": [2, 1]}, None),
+    ("pipedream", 3, {"vertical_sync": True}, None),
+    ("interleaved-1f1b", 2, {"microbatches": 4}, "digits-cnn"),
+    ("pb", 3, {"batch_size": 1, "reference_batch": 32}, None),
+    ("pb", 3, {"batch_size": 1, "reference_batch": 32, "recompute": False, "prediction": "lwp_w"}, None),
+    ("qfb", 2, {"microbatches": 4}, None), ("qfb", 2, {"microbatches": 4, "sync": "bounded"}, None),
+    ("qfb", 2, {"microbatches": 4, "sync": "ahead", "buffer": 5}, None),
+    ("apapo", 2, {"microbatches": 4, "replicate": False}, "digits-resnet"),
+    ("apapo", 2, {"microbatches": 4, "delays": "uniform", "iterations_in_flight": 3}, None),
+]
+
+
+def _toml(value) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+    return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
+
+
+def _suite() -> str:
+    text = ['name = "plans"', 'workload = "digits-mlp"', "seeds = [0]", "threads_per_rank = 1",
+            "[budget]", "max_steps = 12", "eval_every_steps = 12",
+            "[defaults]", "batch_size = 32", "lr = 0.05", "momentum = 0.9"]
+    for i, (method, world, params, workload) in enumerate(RUNS):
+        text += ["[[run]]", f'method = "{method}"', f"world_size = {world}", f'label = "{method}-{i}"']
+        if params:
+            text.append(f"params = {_toml(params)}")
+        if workload:
+            text.append(f'workload = "{workload}"')
+            if workload == "digits-resnet":
+                text.append("workload_options = { depth = 8 }")
+    return "\n".join(text) + "\n"
+
+
+def test_the_runs_cover_every_registered_method():
+    names = {name for name, ref in BUILTIN_METHODS.items() if name != "single"}
+    assert names == {method for method, *_ in RUNS}
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plans")
+    path = out / "plans.toml"
+    path.write_text(_suite())
+    result = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(out)], env=ENV,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    found = {}
+    for spec_file in (out / "plans").glob("*/spec.json"):
+        label = json.loads(spec_file.read_text())["label"]
+        records = [r for r in read_jsonl(spec_file.parent / "metrics.jsonl") if r.get("kind") == "memory"]
+        found[label] = {r["when"]: r["per_rank"] for r in records}
+    return found
+
+
+@pytest.mark.parametrize("index", range(len(RUNS)), ids=[f"{m}-{i}" for i, (m, *_) in enumerate(RUNS)])
+def test_the_plan_bounds_what_each_rank_held(plans, index):
+    method = RUNS[index][0]
+    memory = plans[f"{method}-{index}"]
+    planned, held = memory["planned"], memory["held"]
+    assert planned.keys() == held.keys() and planned
+    for rank in planned:
+        plan, measured = planned[rank], held[rank]
+        assert measured["total"] > 0
+        assert plan["total"] >= measured["total"], (rank, plan, measured)
+        assert plan["total"] <= 1.2 * measured["total"], (rank, plan, measured)
+        for kind in ("weights", "gradients", "optimizer", "versions", "activations", "buffers"):
+            assert plan[kind] >= measured[kind], (rank, kind, plan, measured)
+
+
+#: Runs whose policy keeps weight versions besides the live ones (stashes, predictions, copies, double buffers).
+KEEP_VERSIONS = [i for i, (m, _w, p, _wl) in enumerate(RUNS)
+                 if m in ("pipedream", "apapo") or p.get("sync") in ("bounded", "ahead") or p.get("recompute") is False]
+
+
+@pytest.mark.parametrize("index", KEEP_VERSIONS, ids=[f"{RUNS[i][0]}-{i}" for i in KEEP_VERSIONS])
+def test_versions_are_planned_and_held_where_a_policy_keeps_them(plans, index):
+    memory = plans[f"{RUNS[index][0]}-{index}"]
+    assert max(r["versions"] for r in memory["planned"].values()) > 0
+    assert max(r["versions"] for r in memory["held"].values()) > 0
