@@ -16,8 +16,16 @@ from torch import nn
 
 from harness import registry
 from harness.bytesize import format_bytes, memory_text, parse_bytes
-from harness.memory import (LossBlock, MemoryBytes, SavedTensors, chain_saved_bytes, footprints,
-                            planned_optimizer_bytes, refusal, storages)
+from harness.memory import (
+    LossBlock,
+    MemoryBytes,
+    SavedTensors,
+    chain_saved_bytes,
+    footprints,
+    planned_optimizer_bytes,
+    refusal,
+    storages,
+)
 from harness.suite.expand import expand_suite
 from harness.suite.files import FileError
 
