@@ -16,6 +16,10 @@ from harness.results import read_jsonl
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
 
+#: APapo's planner on fixed inputs (a counted profile, the ranks' speeds and link given): the same plan every run, so
+#: what a stage keeps does not depend on the machine's load.
+PINNED = {"profile": "counted", "rank_speeds": [1.0, 1.0], "bandwidth": 1e9}
+
 RUNS = [
     ("sgd", 1, {}, None), ("ddp", 2, {}, None), ("fp16", 2, {}, None), ("qsgd", 2, {"bits": 4}, None),
     ("terngrad", 2, {}, None), ("dgc", 2, {}, None), ("onebit", 2, {}, None),
@@ -27,10 +31,14 @@ RUNS = [
     ("interleaved-1f1b", 2, {"microbatches": 4}, "digits-cnn"),
     ("pb", 3, {"batch_size": 1, "reference_batch": 32}, None),
     ("pb", 3, {"batch_size": 1, "reference_batch": 32, "recompute": False, "prediction": "lwp_w"}, None),
+    ("qfb", 2, {"microbatches": 4, "lanes": 1}, None),
+    ("qfb", 2, {"microbatches": 4, "sync": "bounded", "lanes": 1}, None),
+    ("qfb", 2, {"microbatches": 4, "sync": "ahead", "buffer": 5, "lanes": 1}, None),
     ("qfb", 2, {"microbatches": 4}, None), ("qfb", 2, {"microbatches": 4, "sync": "bounded"}, None),
     ("qfb", 2, {"microbatches": 4, "sync": "ahead", "buffer": 5}, None),
-    ("apapo", 2, {"microbatches": 4, "replicate": False}, "digits-resnet"),
-    ("apapo", 2, {"microbatches": 4, "delays": "uniform", "iterations_in_flight": 3}, None),
+    ("apapo", 2, {"microbatches": 4, "replicate": False, **PINNED}, "digits-resnet"),
+    ("apapo", 2, {"microbatches": 4, "delays": "uniform", "iterations_in_flight": 3, "replicate": False, **PINNED},
+     None),
 ]
 
 
@@ -76,6 +84,14 @@ def plans(tmp_path_factory):
     return found
 
 
+def two_lanes(index: int) -> bool:
+    """Q-FB's forward and backward lanes (threads): how far the forward lane runs ahead depends on the threads'
+    timing (a last stage measured 3 to 8 microbatches in flight at M = 4 under `bounded`), so its plan is the worst
+    case over the lanes' interleavings, an upper bound only; the same schedules on one lane are held to 1.2x."""
+    method, _world, params, _workload = RUNS[index]
+    return method == "qfb" and params.get("lanes", 2) == 2
+
+
 @pytest.mark.parametrize("index", range(len(RUNS)), ids=[f"{m}-{i}" for i, (m, *_) in enumerate(RUNS)])
 def test_the_plan_bounds_what_each_rank_held(plans, index):
     method = RUNS[index][0]
@@ -86,7 +102,8 @@ def test_the_plan_bounds_what_each_rank_held(plans, index):
         plan, measured = planned[rank], held[rank]
         assert measured["total"] > 0
         assert plan["total"] >= measured["total"], (rank, plan, measured)
-        assert plan["total"] <= 1.2 * measured["total"], (rank, plan, measured)
+        if not two_lanes(index):
+            assert plan["total"] <= 1.2 * measured["total"], (rank, plan, measured)
         for kind in ("weights", "gradients", "optimizer", "versions", "activations", "buffers"):
             assert plan[kind] >= measured[kind], (rank, kind, plan, measured)
 
