@@ -203,3 +203,18 @@ def test_every_run_records_its_plan_without_a_budget(tmp_path):
         final = json.loads((run / "status.json").read_text())["final"]
         assert final["memory_per_rank"] is None
         assert final["planned_memory_bytes"] == final["held_memory_bytes"] > 0
+
+
+def test_a_claim_on_planned_bytes_pairs_runs_that_did_not_fit():
+    from harness.claims.evaluate import paired_values
+
+    rows = [{"label": label, "workload": "w", "network": "", "seed": seed, "state": state, "noisy": False,
+             "planned_memory_bytes": planned, "final_loss": loss, "train_time_s": 1.0}
+            for seed in range(3)
+            for label, state, planned, loss in (("apapo", "completed", 3.8e6, 2.5), ("ddp", "does_not_fit", 8.2e6,
+                                                                                         float("nan")))]
+    table = pd.DataFrame(rows)
+    apapo, ddp = table["label"] == "apapo", table["label"] == "ddp"
+    plans = paired_values(table, apapo, ddp, "planned_memory_bytes")
+    assert len(plans) == 3 and (plans["baseline"] == 8.2e6).all()
+    assert paired_values(table, apapo, ddp, "final_loss").empty  # a refused run trained nothing: no loss to pair

@@ -104,3 +104,15 @@ def test_the_page_labels_each_figure_a_projection_with_its_methods_validation(tm
         read_validation(tmp_path / "old.csv")
     with pytest.raises(ValueError, match="no projection_validation.csv there"):
         read_validation(tmp_path / "nowhere")
+
+
+def test_a_papers_speedup_claim_sits_beside_its_projection_labelled_as_the_papers():
+    from harness.project.page import render
+
+    rows = pd.DataFrame([{"method": m, "workload": "digits-resnet", "label": m, "world_size": n, "network": "1gbit",
+                          "step_time_s": 0.01, "time_to_target_s": 1.0, "speedup": s, "bubble": 0.1, "note": ""}
+                         for m, s in (("ddp", 1.0), ("apapo", 1.31)) for n in (8, 64)])
+    page = render(rows, {}, "Calibrated.", [8, 64])
+    assert page.count("Paper's claim, 2.8x (not measured here)") == 1
+    assert "speed-up over the workload's baseline: 1.31x to 1.31x across its world sizes and networks (projected, " \
+           "not measured)" in page

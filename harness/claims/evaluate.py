@@ -19,6 +19,8 @@ MIN_SEEDS = 3
 #: Run states whose numbers a claim uses: a diverged run is an outcome of the method; failed or preempted runs
 #: are not (the infrastructure stopped them).
 USED_STATES = ("completed", "diverged")
+#: Metrics a run has before its first step (its memory plan): a run that did not fit its memory_per_rank has them too.
+PLAN_METRICS = ("planned_memory_bytes", "memory_per_rank")
 #: claims.csv's columns, in order: the contract's six first.
 CLAIM_COLUMNS = ("id", "statement", "estimate", "ci_low", "ci_high", "verdict", "metric", "relation", "value",
                  "method", "baseline", "pairs", "noisy_runs", "setting", "source", "note", "censored_pairs", "kind")
@@ -51,11 +53,13 @@ def matching_rows(table: pd.DataFrame, name: str) -> pd.Series:
 
 def paired_values(table: pd.DataFrame, method: pd.Series, baseline: pd.Series, metric: str) -> pd.DataFrame:
     """The metric of the method's and the baseline's runs, paired by (workload, network, seed): columns key, method,
-    baseline, method_censored, baseline_censored, noisy (either side noisy). Only runs in USED_STATES. A missed
+    baseline, method_censored, baseline_censored, noisy (either side noisy). Only runs in USED_STATES (and, for a
+    PLAN_METRICS metric, runs refused as does_not_fit, which have their plan). A missed
     target is censored: its value is the run's train time T (the time to target is known only to exceed it), and
     its *_censored flag is True. Pairs with another missing value are left out."""
     def side(mask: pd.Series) -> pd.DataFrame:
-        rows = table[mask & table["state"].isin(USED_STATES)]
+        states = (*USED_STATES, "does_not_fit") if metric in PLAN_METRICS else USED_STATES
+        rows = table[mask & table["state"].isin(states)]
         values = pd.to_numeric(rows[metric], errors="coerce").astype(float)
         censored = pd.Series(False, index=rows.index)
         if metric in CENSORED_METRICS:

@@ -104,6 +104,30 @@ def validation_text(method: str, errors: dict[str, dict]) -> str:
             + f").</p><p class=\"meta\">from {e(found['source'])}</p>")
 
 
+#: What a method's paper claims about speed where this machine cannot show it: shown beside its projection, labelled
+#: as the paper's, never as a measurement (docs/claims.md's cluster claims).
+PAPER_CLAIMS = {
+    "apapo": (2.8, "APapo's abstract (Liu and Ju 2024, FGCS) claims a 2.8x average training speed-up over existing "
+                   "parallel optimization methods at unchanged accuracy. It cannot show on 2 shared CPU cores "
+                   "(suites/apapo.claims.toml and suites/apapo-memory.claims.toml judge it as a cluster claim)."),
+}
+
+
+def paper_claim_text(method: str, rows: pd.DataFrame) -> str:
+    """The paper's speed-up claim for `method`, if it has one, beside what this projection says of the same ratio
+    (its throughput over the workload's baseline), both labelled for what they are."""
+    found = PAPER_CLAIMS.get(method)
+    if found is None:
+        return ""
+    claimed, text = found
+    speedups = pd.to_numeric(rows["speedup"], errors="coerce").dropna()
+    projected = (f"This projection's speed-up over the workload's baseline: {speedups.min():.2f}x to "
+                 f"{speedups.max():.2f}x across its world sizes and networks (projected, not measured)."
+                 if len(speedups) else "This projection has no baseline on the workload to compare with.")
+    return (f"<p><b>Paper's claim, {claimed:g}x (not measured here)</b>: {html.escape(text, quote=False)} "
+            f"{html.escape(projected, quote=False)}</p>")
+
+
 def render(table: pd.DataFrame, errors: dict[str, dict], heading: str, shown_sizes: list[int]) -> str:
     """The page: a heading saying what was calibrated and assumed, then per configuration its figure with the
     validation beside it and its rows at `shown_sizes`."""
@@ -121,7 +145,7 @@ def render(table: pd.DataFrame, errors: dict[str, dict], heading: str, shown_siz
             f'src="data:image/png;base64,{_png(fig)}">'
             f"<figcaption>Projection, not a measurement: {e(label)} on {e(workload)}.</figcaption></figure>"
             '<div class="warning" style="flex: 1 1 280px; max-width: 420px">'
-            f"{validation_text(method, errors)}</div></div>"
+            f"{validation_text(method, errors)}{paper_claim_text(method, rows)}</div></div>"
             + '<div class="rows">' + table_html(at.fillna({"note": ""})) + "</div></section>")
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>Projection</title>"
             f"<style>{CSS}{ROWS_CSS}</style></head><body>"
