@@ -21,7 +21,7 @@ from methods.pipeline.apapo import antichain, layers
 from methods.pipeline.apapo import schedule as schedules
 from methods.pipeline.apapo.graph import LayerGraph
 from methods.pipeline.apapo.hardware import hardware_for
-from methods.pipeline.apapo.memory import GraphMemory, node_saved, output_bytes, shapes, stage_bytes
+from methods.pipeline.apapo.memory import GraphMemory, node_saved, shapes, stage_bytes
 from methods.pipeline.apapo.plan import LayerPlan, agree
 from methods.pipeline.apapo.weights import DoubleBuffered
 from methods.pipeline.core.actions import Schedule
@@ -229,7 +229,7 @@ class APapo(PipelineMethod):
         solved, refused = None, None
         if ctx.rank == 0:
             try:
-                prefixes, groups, record = self._solve(traced, hardware, workers, self._graph_memory(traced, example))
+                prefixes, groups, record = self._solve(traced, hardware, workers, self._graph_memory(traced))
                 solved = LayerPlan(prefixes, groups, {**record, "measured_before_snapping": raw})
             except DoesNotFit as exc:  # every rank learns it through the plan (no stage): none waits
                 refused, solved = exc, LayerPlan([], ())
@@ -238,13 +238,14 @@ class APapo(PipelineMethod):
             raise refused or DoesNotFit("does not fit: rank 0's planner found no plan within memory_per_rank")
         return list(layers.split(traced, self.layer_plan.prefixes))
 
-    def _graph_memory(self, traced: layers.TracedModel, example: torch.Tensor) -> GraphMemory:
+    def _graph_memory(self, traced: layers.TracedModel) -> GraphMemory:
         """The planner's price of a down-set stage (apapo/memory.py), from every layer's saved activations on the
-        microbatch `example`."""
+        run's largest microbatch."""
         train, workers = self.ctx.workload.train, self.planned_workers(self.ctx.world_size, self.ctx.params)
-        targets = train.targets(torch.arange(len(example))).to(self.ctx.device)
-        saved = node_saved(traced, example, self.ctx.workload.loss, targets)
-        return GraphMemory(self.stage_cost(workers), traced.graph, saved, output_bytes(traced, example))
+        index = torch.arange(min(len(train), max(self.microbatch_sizes())))
+        example = train.inputs(index).to(self.ctx.device)
+        saved = node_saved(traced, example, self.ctx.workload.loss, train.targets(index).to(self.ctx.device))
+        return GraphMemory(self.stage_cost(workers), traced.graph, saved)
 
     def planned_stage_versions(self, after: int, alone: bool, held: int) -> int:
         """D + 1 double-buffered versions at a stage of delay D > 0 (stage_delays' rule, by its place from the

@@ -20,11 +20,12 @@ from methods.pipeline.core.memory import StageCost
 @dataclass(frozen=True)
 class NodeSaved:
     """What autograd keeps of one layer for its backward: its own bytes (besides its inputs and weights), the nodes
-    whose outputs it keeps, and whether it keeps its own output."""
+    whose outputs it keeps, whether it keeps its own output, and its output's bytes."""
 
     own: int
     inputs: frozenset[int]
     keeps_output: bool
+    output_bytes: int = 0
 
 
 def node_saved(traced: TracedModel, example: torch.Tensor, loss_fn, targets: torch.Tensor) -> list[NodeSaved]:
@@ -41,7 +42,7 @@ def node_saved(traced: TracedModel, example: torch.Tensor, loss_fn, targets: tor
             for node in nodes:
                 if node.op == "placeholder":
                     values[node] = example.detach()
-                    out.append(NodeSaved(0, frozenset(), False))
+                    out.append(NodeSaved(0, frozenset(), False, saved_bytes(example)))
                     continue
                 args, kwargs, _, read = node_inputs(module, node, values)
                 entries = {t.untyped_storage().data_ptr(): index[p] for p, t in
@@ -51,7 +52,7 @@ def node_saved(traced: TracedModel, example: torch.Tensor, loss_fn, targets: tor
                     value = call_node(module, node, args, kwargs)
                 kept = value.untyped_storage().data_ptr() in counter.keys()
                 out.append(NodeSaved(counter.peak, frozenset(entries[k] for k in counter.touched if k in entries),
-                                     kept))
+                                     kept, saved_bytes(value)))
                 values[node] = value.detach()
             y = values[nodes[traced.output]].detach().requires_grad_(True)
             counter = SavedTensors(exclude={y.untyped_storage().data_ptr()})
@@ -69,9 +70,9 @@ class GraphMemory:
     """Bytes per replica of the stage `states[j]` minus `states[k]` (k = -1: from the input) with `after` stages
     after it: its layers' parameters and saved activations (the loss's too on the last stage), priced by `cost`."""
 
-    def __init__(self, cost: StageCost, graph: LayerGraph, saved: list[NodeSaved], outputs: list[int]):
+    def __init__(self, cost: StageCost, graph: LayerGraph, saved: list[NodeSaved]):
         self.cost, self.graph, self.saved = cost, graph, saved
-        self.output_bytes = outputs  # each node's output bytes on the microbatch
+        self.output_bytes = [node.output_bytes for node in saved]  # each node's output bytes on the microbatch
 
     def saved_bytes(self, mask: int, last: bool) -> int:
         nodes = members(mask)
@@ -84,13 +85,6 @@ class GraphMemory:
     def __call__(self, mask: int, replicas: int, after: int, alone: bool) -> int:
         params = sum(self.graph.profiles[i].param_bytes for i in members(mask))
         return self.cost.bytes(params, self.saved_bytes(mask, after == 0), replicas, after, alone)
-
-
-def output_bytes(traced: TracedModel, example: torch.Tensor) -> list[int]:
-    """Each node's output bytes on `example` (the profile's activation bytes are per the profiled microbatch)."""
-    return [saved_bytes(example) if i == 0 else p.activation_bytes for i, p in enumerate(traced.graph.profiles)]
-
-
 
 
 def stage_bytes(plan: GraphPlan, memory: GraphMemory) -> list[int]:
@@ -116,7 +110,8 @@ def shapes(graph: LayerGraph, hardware: Hardware, workers: int, max_stages: int 
         why = ("chosen" if same else
                f"does not fit: stage {worst} needs {format_bytes(need[worst])} > memory_per_rank "
                f"{format_bytes(budget)}" if budget is not None and need[worst] > budget else
-               f"fits, slower: {plan.slowest_s:.6g} s > {chosen.slowest_s:.6g} s" if chosen is not None else "fits")
+               f"fits, not faster: {plan.slowest_s:.6g} s >= {chosen.slowest_s:.6g} s" if chosen is not None
+               else "fits")
         rows.append({"shape": f"{name} ({len(plan.stages)} stages, replicas {plan.replicas})",
                      "replicas": plan.replicas, "predicted_s": plan.slowest_s, "stage_bytes": need, "verdict": why})
     return rows

@@ -3,6 +3,7 @@ budget), each candidate shape's verdict, and what partition.json says about them
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,12 +57,37 @@ def verdicts(candidates: Sequence[PartitionPlan], chosen: PartitionPlan | None, 
             why = (f"does not fit: stage {worst} needs {format_bytes(stage_bytes[worst])} > memory_per_rank "
                    f"{format_bytes(budget)}")
         elif chosen is not None:
-            why = f"fits, slower: {plan.slowest_s:.6g} s > {chosen.slowest_s:.6g} s per minibatch"
+            why = f"fits, not faster: {plan.slowest_s:.6g} s >= {chosen.slowest_s:.6g} s per minibatch"
         else:
             why = "fits"
         rows.append({"shape": shape_text(plan.ranges, plan.replicas), "ranges": [list(r) for r in plan.ranges],
                      "replicas": plan.replicas, "predicted_s": plan.slowest_s, "stage_bytes": stage_bytes,
                      "verdict": why})
+    return rows
+
+
+def smallest(memory: ChainMemory, blocks: int, counts: Sequence[int]) -> list[dict[str, Any]]:
+    """For each stage count, the cut of one rank per stage whose largest stage needs the fewest bytes (a DP over
+    the last cut, as the partitioner's, minimising memory instead of time): what a refusal names."""
+
+    @functools.cache
+    def best(end: int, count: int, after: int) -> tuple[int, tuple[tuple[int, int], ...]]:
+        if count == 1:
+            return memory(0, end, 1, after), ((0, end),)
+        found = None
+        for cut in range(count - 1, end):
+            need, ranges = best(cut, count - 1, after + 1)
+            option = (max(need, memory(cut, end, 1, after)), (*ranges, (cut, end)))
+            if found is None or option[0] < found[0]:
+                found = option
+        assert found is not None
+        return found
+
+    rows = []
+    for count in counts:
+        if 1 <= count <= blocks:
+            ranges = best(blocks, count, 0)[1]
+            rows.append({"shape": shape_text(ranges, [1] * count), "stage_bytes": memory.of(ranges, [1] * count)})
     return rows
 
 

@@ -101,7 +101,9 @@ def make_plan(blocks: list[nn.Module], example: torch.Tensor, partition: str | l
                     best = partitioner.pipedream_partition(profiles, max(workers, count), bandwidth)
                     record["best_with_replication"] = best.to_dict()
             except partitioner.NoPlanFits:
-                refused = plan_memory.nothing_fits(plan_memory.verdicts(shapes, None, memory, budget), budget)
+                counts = range(1, (stages or min(workers, n)) + 1) if auto_replicas else [stages or len(chosen)]
+                rows = [*plan_memory.verdicts(shapes, None, memory, budget), *plan_memory.smallest(memory, n, counts)]
+                refused = plan_memory.nothing_fits(rows, budget)
         if refused is None:
             chosen = chosen or [1] * len(ranges)
             if len(chosen) != len(ranges):
