@@ -81,3 +81,13 @@ def test_with_resume_a_dry_run_says_which_runs_are_skipped_resumed_or_started_ov
     assert lines[3].endswith("\t[new]")
     assert lines[-1] == (f"With --resume the real run would skip 1 completed, resume 1 from a checkpoint, start 1 "
                          f"over, write 1 new in {out / 't'}.")
+
+
+def test_by_seed_runs_the_first_seed_of_every_run_first(tmp_path, capsys):
+    path = write(tmp_path, GOOD)
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    default = [line.split("\t")[0] for line in _lines(capsys) if "\tparams:" in line]
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--dry-run", "--by-seed"]) == 0
+    by_seed = [line.split("\t")[0] for line in _lines(capsys) if "\tparams:" in line]
+    assert sorted(default) == sorted(by_seed) and len(by_seed) == 4
+    assert [i[-2:] for i in by_seed] == ["s0", "s0", "s1", "s1"] != [i[-2:] for i in default]

@@ -36,6 +36,10 @@ def add(verbs) -> None:
                           "defaults) and what the real run would do with each run's folder under --out (new, "
                           "replaces an earlier run; with --resume: skipped, resumed, started over); write nothing")
     run.add_argument("--quiet", action="store_true", help="no progress bars (the per-run lines still print)")
+    run.add_argument("--by-seed", action="store_true",
+                     help="run seed by seed: the first seed of every run in file order, then the second, ... "
+                          "(default: every seed of a run before the next run); on a machine whose speed drifts, "
+                          "the methods a timing compares then share its good and bad minutes")
     run.add_argument("--network", metavar="SPEC", type=network_arg,
                      help=NETWORK_HELP + ". Replaces the suite's [network] and every run's network (run ids and "
                                          "labels then carry it).")
@@ -64,6 +68,9 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
         return fail(str(exc))
     if not specs:
         return fail(f"{args.suite}: no run id matches --only {args.only!r}")
+    if args.by_seed:
+        seeds = list(dict.fromkeys(s.seed for s in specs))
+        specs = sorted(specs, key=lambda s: seeds.index(s.seed))  # stable: file order within a seed
     if args.launcher == "slurm":
         return _submit(args, specs, argv)
     if args.site or args.nodes:
