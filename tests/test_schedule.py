@@ -25,7 +25,7 @@ from harness.run.loop import Loop
 from harness.run.lr_schedule import LrSchedule
 from harness.suite.expand import expand_suite
 from harness.suite.files import FileError
-from harness.toolkit import make_sgd
+from harness.toolkit import make_optimizer
 
 STEPS = 60  # digits-mlp at batch 32: 44 steps per epoch
 #: digits-mlp with a budget of time alone (a workload referenced by path from a suite)
@@ -173,7 +173,7 @@ def train_by_hand(lr_of_step) -> dict[str, torch.Tensor]:
         instance = registry.WORKLOADS.get("digits-mlp").instantiate()
         torch.manual_seed(0)
         model = instance.make_model()
-        optimizer = make_sgd(model.parameters(), TrainParams(batch_size=32, lr=0.05, momentum=0.9))
+        optimizer = make_optimizer(model.parameters(), TrainParams(batch_size=32, lr=0.05, momentum=0.9))
         order = DataOrder(len(instance.train), 32, 0)
         for step in range(STEPS):
             if lr_of_step is not None:

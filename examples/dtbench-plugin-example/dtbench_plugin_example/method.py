@@ -9,7 +9,7 @@ from pydantic import Field
 
 from harness.data.tensors import Batch, TensorData
 from harness.method import EvalResult, Method, RunContext, StepStats, TrainParams
-from harness.toolkit import evaluate_classifier, make_sgd
+from harness.toolkit import evaluate_classifier, make_optimizer
 
 
 class ClippedParams(TrainParams):
@@ -30,7 +30,7 @@ class ClippedSGD(Method):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         self.model = ctx.workload.make_model().to(ctx.device)
-        self.optimizer = make_sgd(self.model.parameters(), ctx.params)
+        self.optimizer = make_optimizer(self.model.parameters(), ctx.params)
 
     def train_step(self, batch: Batch) -> StepStats:
         x, y = batch.inputs().to(self.ctx.device), batch.targets().to(self.ctx.device)
