@@ -7,6 +7,7 @@ import dataclasses
 import math
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from harness.method import EvalResult, Method, StepStats, TrainParams
 from harness.results import read_jsonl
 from harness.run import checkpoint
 from harness.run.loop import Loop
-from harness.run.lr_schedule import LrSchedule
+from harness.run.lr_schedule import LrSchedule, schedule_problem
 from harness.suite.expand import expand_suite
 from harness.suite.files import FileError
 from harness.toolkit import make_optimizer
@@ -33,7 +34,8 @@ TIMED_DIGITS = dataclasses.replace(DIGITS_MLP, name="timed-digits", budget=Budge
 
 
 def schedule(kind: str, total: int = 100, warmup_steps: int = 0, **params) -> LrSchedule:
-    return LrSchedule.from_params({"lr_schedule": kind, "lr_warmup_epochs": warmup_steps / 10, **params}, 10, total)
+    train = TrainParams(lr_schedule=kind, lr_warmup_epochs=warmup_steps / 10, **params)
+    return LrSchedule.from_params(train, 10, total)
 
 
 def test_factors_by_hand():
@@ -74,8 +76,8 @@ def test_cosine_schedule_with_warmup_matches_torch_linear_then_cosine():
 
 
 def test_a_step_schedule_needs_a_planned_step_count(tmp_path):
-    with pytest.raises(ValueError, match="needs a planned number of steps"):
-        LrSchedule.from_params({"lr_schedule": "cosine"}, 10, None)
+    assert schedule_problem(TrainParams(lr_schedule="cosine"), None, None)[0] == "lr_schedule"
+    assert schedule_problem(TrainParams(lr_schedule="cosine"), None, 1.0) is None
     suite = tmp_path / "s.toml"
     suite.write_text('name = "s"\nworkload = "digits-mlp"\n[budget]\nmax_train_seconds = 5\nmax_epochs = 1\n'
                      '[defaults]\nlr_schedule = "step"\n[[run]]\nmethod = "sgd"\n')
@@ -103,7 +105,8 @@ class TwoGroups(Method):
 
     name, family, summary = "two-groups", "test", "two param groups"
 
-    def __init__(self, ctx=None):
+    def __init__(self, ctx):
+        super().__init__(ctx)  # the runner reads the run's hyperparameters from ctx.params, as the method does
         self.body, self.head = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
         self.optimizer = torch.optim.SGD([{"params": self.body.parameters(), "lr": 0.1},
                                           {"params": self.head.parameters(), "lr": 1.0}], lr=0.1)
@@ -129,7 +132,7 @@ def spec_of(tmp_path: Path, runs: str, defaults: str, budget: str = f"max_steps 
 def test_the_runner_keeps_the_ratio_of_param_groups(tmp_path):
     spec = spec_of(tmp_path, '[[run]]\nmethod = "sgd"', 'lr_schedule = "step"\nmilestones = [0.5]')[0]
     train = registry.WORKLOADS.get("digits-mlp").instantiate().train
-    method = TwoGroups()
+    method = TwoGroups(SimpleNamespace(params=TrainParams.model_validate(spec.params)))
     loop = Loop(spec, method, train, train, comm=None, writer=None, clock=None)
     method.optimizer.param_groups[0]["lr"] = 123.0  # what a restored checkpoint may leave: overwritten
     loop.set_lr(STEPS // 2)
@@ -147,7 +150,8 @@ def test_a_schedule_on_a_method_without_optimizers_is_refused(tmp_path):
     spec = spec_of(tmp_path, '[[run]]\nmethod = "sgd"', 'lr_schedule = "cosine"')[0]
     train = registry.WORKLOADS.get("digits-mlp").instantiate().train
     with pytest.raises(ValueError, match="does not expose its optimizers"):
-        Loop(spec, Opaque(), train, train, comm=None, writer=None, clock=None)
+        Loop(spec, Opaque(SimpleNamespace(params=TrainParams.model_validate(spec.params))), train, train,
+             comm=None, writer=None, clock=None)
 
 
 def run(spec, out: Path) -> Path:
@@ -207,7 +211,7 @@ def test_every_method_gets_the_same_lr_at_every_step(tmp_path):
             '[[run]]\nmethod = "local"\nparams = { chunks = 2 }\n')
     specs = spec_of(tmp_path, runs, 'lr_schedule = "step"\nmilestones = [0.5, 0.75]\nlr_warmup_epochs = 0.25\n'
                                     "lr_warmup_start_factor = 0.2")
-    expected = LrSchedule.from_params(specs[0].params, 44, STEPS)
+    expected = LrSchedule.from_params(TrainParams.model_validate(specs[0].params), 44, STEPS)
     assert expected.warmup_steps == 11 and expected.milestone_steps == (30, 45)
     lrs = {}
     for spec in specs:

@@ -95,9 +95,10 @@ def run_specs(specs: list[RunSpec], out: Path, resume: bool = False, argv: list[
     for i, spec in enumerate(specs, 1):
         run_dir = out / spec.suite / spec.run_id
         if resume and is_completed(run_dir):
-            state = json.loads((run_dir / "status.json").read_text())["state"]
+            status = json.loads((run_dir / "status.json").read_text())
+            state = status["state"]
             tqdm.write(f"[{i}/{len(specs)}] {spec.run_id}: {state.replace('_', ' ')} earlier, skipped (--resume)")
-            outcomes.append(RunOutcome(spec, state, None, 0.0))
+            outcomes.append(RunOutcome(spec, state, status.get("error"), 0.0))
             continue
         choice = resume_choice(run_dir, spec) if resume else None
         go_on = choice is not None

@@ -95,16 +95,17 @@ class Loop:
         self.spec_json = spec.model_dump_json()
         self.checkpointable = method.checkpointable and run_dir is not None
         self.checkpoint_every = spec.checkpoint_every_steps if self.checkpointable else None
-        self.order = DataOrder(len(train), spec.params["batch_size"], spec.seed)
+        params = method.ctx.params  # the typed hyperparameters the method reads too (its Params, validated)
+        self.order = DataOrder(len(train), params.batch_size, spec.seed)
         self.plan = StepPlan.from_budget(spec.budget, self.order.steps_per_epoch)
-        self.schedule = LrSchedule.from_params(spec.params, self.order.steps_per_epoch, self.plan.max_steps)
+        self.schedule = LrSchedule.from_params(params, self.order.steps_per_epoch, self.plan.max_steps)
         self.optimizers = method.optimizers()
         if not self.schedule.is_constant and not self.optimizers:
             raise ValueError(f"method {spec.method!r} does not expose its optimizers (Method.optimizers), so the "
                              f"runner cannot apply lr_schedule {self.schedule.kind!r} or a warm-up to it")
         # taken before any restore: a checkpoint's optimizer state carries the lr of its last step, not the base
         self.base_lrs = [[group["lr"] for group in optimizer.param_groups] for optimizer in self.optimizers]
-        self.lr = float(spec.params.get("lr", math.nan))  # the run's lr times the factor of the last step taken
+        self.lr = params.lr  # the run's lr times the factor of the last step taken
         self.step = 0
         self.last_eval: dict[str, Any] | None = None
         self._next_eval_time = spec.budget.eval_every_seconds or math.inf

@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: The parameters of TrainParams that define the schedule (harness/method.py), with their defaults.
-SCHEDULE_DEFAULTS: dict[str, Any] = {"lr_schedule": "constant", "lr_warmup_epochs": 0.0, "lr_warmup_steps": 0,
-                                     "lr_warmup_start_factor": 0.1, "milestones": [0.5, 0.75], "gamma": 0.1}
+
+def schedule_problem(params: Any, max_steps: int | None, max_epochs: float | None) -> tuple[str, str] | None:
+    """The one place the rules between a run's lr schedule and its budget are written, checked before anything runs
+    (suite validation and `dtbench rerun`): None, or (the parameter at fault, why) when a step or cosine schedule has
+    no planned step count, or a cosine schedule's warm-up is not shorter than the budget in the unit both give
+    (steps against max_steps, epochs against max_epochs). `params` is a TrainParams."""
+    kind = params.lr_schedule
+    if kind != "constant" and max_steps is None and max_epochs is None:
+        return "lr_schedule", (f"{kind!r} needs a planned number of steps: give the budget max_epochs or max_steps "
+                               "(max_train_seconds alone does not say where the budget ends)")
+    if kind == "cosine" and max_steps is not None and params.lr_warmup_steps >= max_steps:
+        return "lr_warmup_steps", (f"a warm-up of {params.lr_warmup_steps} steps leaves the cosine schedule none of "
+                                   f"the budget's {max_steps} steps: shorten it")
+    if kind == "cosine" and max_epochs is not None and params.lr_warmup_epochs >= max_epochs:
+        return "lr_warmup_epochs", (f"a warm-up of {params.lr_warmup_epochs:g} epochs leaves the cosine schedule "
+                                    f"none of the budget's {max_epochs:g} epochs: shorten it")
+    return None
 
 
 @dataclass(frozen=True)
@@ -35,25 +48,19 @@ class LrSchedule:
     total_steps: int | None = None
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any], steps_per_epoch: int, total_steps: int | None) -> LrSchedule:
-        """The schedule of a run: `params` (spec.json's params; missing keys take SCHEDULE_DEFAULTS), the data
-        order's steps per epoch and the budget's planned steps. Raises ValueError when a step or cosine schedule
-        has no planned step count (a budget of time alone)."""
-        p = {**SCHEDULE_DEFAULTS, **{k: params[k] for k in SCHEDULE_DEFAULTS if k in params}}
-        kind = str(p["lr_schedule"])
-        if kind not in ("constant", "step", "cosine"):
-            raise ValueError(f"lr_schedule must be constant, step or cosine, not {kind!r}")
-        warmup = int(p["lr_warmup_steps"]) or round(float(p["lr_warmup_epochs"]) * steps_per_epoch)
-        if kind != "constant" and total_steps is None:
-            raise ValueError(f"lr_schedule {kind!r} needs a planned number of steps: give the budget max_epochs or "
-                             "max_steps (max_train_seconds alone does not say where the budget ends)")
-        milestones = tuple(round(float(m) * total_steps) for m in p["milestones"]) if kind == "step" else ()
+    def from_params(cls, params: Any, steps_per_epoch: int, total_steps: int | None) -> LrSchedule:
+        """The schedule of a run: `params` (its TrainParams, validated, with schedule_problem checked before the
+        run), the data order's steps per epoch and the budget's planned steps. A warm-up given in epochs against a
+        budget in steps can only be compared here, with the data's size: ValueError when it leaves a cosine schedule
+        no steps."""
+        kind = params.lr_schedule
+        warmup = params.lr_warmup_steps or round(params.lr_warmup_epochs * steps_per_epoch)
+        milestones = tuple(round(m * total_steps) for m in params.milestones) if kind == "step" and total_steps else ()
         if kind == "cosine" and total_steps is not None and warmup >= total_steps:
             raise ValueError(f"the lr warm-up ({warmup} steps) is not shorter than the planned {total_steps} steps, so "
                              "the cosine schedule would have no steps left: shorten lr_warmup_steps or "
                              "lr_warmup_epochs, or lengthen the budget")
-        return cls(kind, warmup, float(p["lr_warmup_start_factor"]),
-                   milestones, float(p["gamma"]), total_steps)
+        return cls(kind, warmup, params.lr_warmup_start_factor, milestones, params.gamma, total_steps)
 
     @property
     def is_constant(self) -> bool:

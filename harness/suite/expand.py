@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from pydantic import ValidationError
 from harness import registry
 from harness.bytesize import parse_bytes
 from harness.net.spec import NetworkSpec
+from harness.run.lr_schedule import schedule_problem
 from harness.suite.files import FileError, first_error
 from harness.suite.groups import PlacedRun, check_baseline, placed_runs
 from harness.suite.labels import LabelInputs, default_labels
@@ -56,7 +58,7 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
         except ValidationError as exc:
             loc = exc.errors()[0]["loc"]
             prefix = placed.option_field(str(loc[0])) if loc else f"{where}.workload_options"
-            raise first_error(path, exc, prefix=prefix) from None
+            raise first_error(path, exc, prefix=prefix, model=workload.Options) from None
 
         # Precedence: method defaults < workload defaults < suite [defaults] < group defaults < run params (a
         # group's defaults are folded into entry.params by placed_runs).
@@ -67,8 +69,10 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
         for field, values in layers:
             for key in values:
                 if key not in fields:
+                    close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+                    hint = f"did you mean {close[0]}? " if close else ""
                     raise FileError(f"{path}: {field}.{key}: not a parameter of method {entry.method!r} used by "
-                                    f"{where} (its parameters: {', '.join(fields)})")
+                                    f"{where} ({hint}its parameters: {', '.join(fields)})")
         merged = {k: v for k, v in workload.hyperparameters.items() if k in fields}
         merged.update(suite.defaults)
         merged.update(entry.params)
@@ -76,10 +80,11 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
             params = method_cls.Params.model_validate(merged)
         except ValidationError as exc:
             key = str(exc.errors()[0]["loc"][0]) if exc.errors()[0]["loc"] else ""
-            raise first_error(path, exc, prefix=placed.param_field(key, suite.defaults)) from None
+            error = first_error(path, exc, prefix=placed.param_field(key, suite.defaults), model=method_cls.Params)
+            raise FileError(f"{error} (run {where}, method {entry.method!r})") from None
         problem = method_cls.check_world_size(entry.world_size, params)
         if problem:
-            raise FileError(f"{path}: {where}.world_size: {problem}")
+            raise FileError(f"{path}: {where}.world_size: {problem} (method {entry.method!r})")
         _check_model(path, placed, suite, method_cls, params, (workload_name, workload, resolved_options))
         nodes = entry.nodes or suite.nodes
         if entry.world_size % nodes:
@@ -89,15 +94,11 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
         budget = (entry.budget.over(suite.budget) if entry.budget else suite.budget).over(workload.budget)
         if budget.max_epochs is None and budget.max_steps is None and budget.max_train_seconds is None:
             raise FileError(f"{path}: budget: give at least one of max_epochs, max_steps, max_train_seconds")
-        if params.lr_schedule != "constant" and budget.max_epochs is None and budget.max_steps is None:
-            origin = placed.param_field("lr_schedule", suite.defaults, fallback="defaults")
-            raise FileError(f"{path}: {origin}.lr_schedule: {params.lr_schedule!r} needs a planned number of steps: "
-                            "give the budget max_epochs or max_steps")
-        if params.lr_schedule == "cosine" and budget.max_steps is not None and \
-                getattr(params, "lr_warmup_steps", 0) >= budget.max_steps:
-            origin = placed.param_field("lr_warmup_steps", suite.defaults, fallback="defaults")
-            raise FileError(f"{path}: {origin}.lr_warmup_steps: a warm-up of {params.lr_warmup_steps} steps leaves "
-                            f"the cosine schedule none of the budget's {budget.max_steps} steps: shorten it")
+        problem = schedule_problem(params, budget.max_steps, budget.max_epochs)
+        if problem:
+            key, why = problem
+            origin = placed.param_field(key, suite.defaults, fallback="defaults")
+            raise FileError(f"{path}: {origin}.{key}: {why} (run {where}, method {entry.method!r})")
         threads = entry.threads_per_rank if entry.threads_per_rank is not None else suite.threads_per_rank
         if threads is None:  # not `or`: a run's 0 or [] is an error below, not "unset"
             threads = default_threads(entry.world_size)
@@ -244,3 +245,6 @@ def check_spec(spec: RunSpec, path: str | Path) -> None:
     budget = spec.budget
     if budget.max_epochs is None and budget.max_steps is None and budget.max_train_seconds is None:
         raise FileError(f"{path}: budget: give at least one of max_epochs, max_steps, max_train_seconds")
+    problem = schedule_problem(params, budget.max_steps, budget.max_epochs)
+    if problem:
+        raise FileError(f"{path}: params.{problem[0]}: {problem[1]}")

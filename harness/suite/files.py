@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 import sys
 from pathlib import Path
@@ -47,9 +48,34 @@ def _field_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(x for x in loc if isinstance(x, int) or not _UNION_TAG.match(str(x)))
 
 
-def first_error(path: Path, err: ValidationError, prefix: str = "") -> FileError:
+def _keys_at(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str]:
+    """The keys the model accepts where `loc` (minus its last part) points: the model's fields, or those of the
+    model a field holds (directly, in a list, or as an optional); [] where that is not a model."""
+    for part in loc[:-1]:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return []
+        model = _model_in(field.annotation)
+    return list(model.model_fields) if model is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def first_error(path: Path, err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None
+                ) -> FileError:
     """The first problem pydantic found, as one line: '<file>: <field>: <what is wrong>'. A value that fits no
-    member of a union type is one problem: its field once, with what each member wanted."""
+    member of a union type is one problem: its field once, with what each member wanted. With `model` (what was
+    validated), an unknown key names the nearest known one ('did you mean max_epochs?')."""
     errors = err.errors()
     e = errors[0]
     loc = _field_loc(e["loc"])
@@ -62,13 +88,28 @@ def first_error(path: Path, err: ValidationError, prefix: str = "") -> FileError
         msg = " or ".join([wanted[0], *(w.removeprefix("Input should be ") for w in wanted[1:])])
     if e["type"] == "extra_forbidden":
         msg = "unknown key"
+        close = difflib.get_close_matches(str(loc[-1]), _keys_at(model, loc), n=1, cutoff=0.6) if loc else []
+        if close:
+            msg += f" (did you mean {close[0]}?)"
     elif e["type"] == "missing":
         msg = "required key is missing"
     elif "input" in e and e["type"] not in ("value_error",):
         msg = f"{msg} (got {e['input']!r})"
-        if isinstance(e["input"], str) and e["type"] in _NUMBER_OR_BOOL:  # TOML's "2" is a string, 2 a number
+        if isinstance(e["input"], str) and e["type"] in _NUMBER_OR_BOOL and _unquoted(e["input"], e["type"]):
+            # TOML's "2" is a string, 2 a number: advice only where the text is the value in quotes
             msg += ": write true or false, without quotes" if e["type"] == "bool_type" else ": write it without quotes"
     return FileError(f"{path}: {field}: {msg}")
+
+
+def _unquoted(text: str, kind: str) -> bool:
+    """Whether `text` is what the field wanted, quoted: 'true' for a bool, '2' or '0.05' for a number."""
+    if kind == "bool_type":
+        return text.strip().lower() in ("true", "false")
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def read_toml(path: str | Path, what: str = "file") -> dict[str, Any]:
@@ -91,4 +132,4 @@ def load_toml(path: str | Path, model: type[Model], what: str = "file") -> tuple
     try:
         return model.model_validate(doc), doc
     except ValidationError as exc:
-        raise first_error(Path(path), exc) from None
+        raise first_error(Path(path), exc, model=model) from None
