@@ -49,8 +49,7 @@ def _ran(name: str, method, step: int, stages: int, microbatches: int) -> list[l
     if name == "pipedream":
         schedule = method.tick_schedule(t)
     elif name == "pb":
-        method.samples = t + 1  # samples keep entering
-        schedule = method._schedule(t)
+        schedule = method.schedule_at(t)  # tick t with t + 1 samples entered, as train_step runs it
     elif name == "apapo":
         schedule = method.segment(t)
     elif name == "qfb":

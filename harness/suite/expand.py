@@ -69,7 +69,7 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
         for field, values in layers:
             for key in values:
                 if key not in fields:
-                    close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+                    close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.8)
                     hint = f"did you mean {close[0]}? " if close else ""
                     raise FileError(f"{path}: {field}.{key}: not a parameter of method {entry.method!r} used by "
                                     f"{where} ({hint}its parameters: {', '.join(fields)})")

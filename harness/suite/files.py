@@ -88,7 +88,7 @@ def first_error(path: Path, err: ValidationError, prefix: str = "", model: type[
         msg = " or ".join([wanted[0], *(w.removeprefix("Input should be ") for w in wanted[1:])])
     if e["type"] == "extra_forbidden":
         msg = "unknown key"
-        close = difflib.get_close_matches(str(loc[-1]), _keys_at(model, loc), n=1, cutoff=0.6) if loc else []
+        close = difflib.get_close_matches(str(loc[-1]), _keys_at(model, loc), n=1, cutoff=0.8) if loc else []
         if close:
             msg += f" (did you mean {close[0]}?)"
     elif e["type"] == "missing":
@@ -102,9 +102,10 @@ def first_error(path: Path, err: ValidationError, prefix: str = "", model: type[
 
 
 def _unquoted(text: str, kind: str) -> bool:
-    """Whether `text` is what the field wanted, quoted: 'true' for a bool, '2' or '0.05' for a number."""
+    """Whether quoting is what went wrong: always for a bool (true or false, unquoted, is the only way to write
+    one), for a number only when the text is one ('2', '0.05'; not 'fast')."""
     if kind == "bool_type":
-        return text.strip().lower() in ("true", "false")
+        return True  # true or false is the only way to write one
     try:
         float(text)
     except ValueError:
