@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
+import logging
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,10 @@ import tarfile
 from pathlib import Path
 
 import nox
+
+# nox probes for uv whenever it sets a session up and logs "uv binary not found." where there is none; every session
+# here makes its virtualenv with virtualenv or uses .venv, so the line says nothing a reader needs.
+logging.getLogger("nox").addFilter(lambda record: record.getMessage() != "uv binary not found.")
 
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["tests"]
