@@ -25,7 +25,7 @@ class TrainParams(BaseModel):
     The learning-rate schedule (`lr_schedule`, `lr_warmup_epochs` or `lr_warmup_steps`, `lr_warmup_start_factor`,
     `milestones`, `gamma`) is applied by the runner to every method alike (harness/run/lr_schedule.py); a method
     only builds its optimizers with `lr` and exposes them through `Method.optimizers`. So are the optimizer
-    (`optimizer`: momentum SGD, or AdamW with `betas`, `eps` and `weight_decay`; harness/toolkit.py make_optimizer
+    (`optimizer`: momentum SGD, or AdamW with `betas`, `eps` and `weight_decay`; harness/optim.py make_optimizer
     builds it) and gradient clipping (`grad_clip`: the global L2 norm of the step's gradient, as
     torch.nn.utils.clip_grad_norm_; a pipeline or a set of replicas reduces the norm across its stages and ranks, so
     a synchronous method still equals sgd).

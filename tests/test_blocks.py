@@ -8,7 +8,7 @@ from torch import nn
 
 from harness.comm.communicator import Communicator
 from harness.data.tensors import TensorData
-from harness.toolkit import uniform_split
+from harness.split import uniform_split
 from methods.blocks import classifier_sums, default_parts, evaluate_chain, output_shapes
 
 

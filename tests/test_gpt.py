@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from _dist import context, spawn, train_steps
-from harness.toolkit import clip_gradients, evaluate_classifier
+from harness.evaluation import evaluate_classifier
+from harness.optim import clip_gradients
 
 TEXT = ("Shall I compare thee to a summer's day? Thou art more lovely and more temperate: rough winds do shake the "
         "darling buds of May, and summer's lease hath all too short a date. ")

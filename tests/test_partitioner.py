@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from harness.data.models import mlp
-from harness.toolkit import uniform_split
+from harness.split import uniform_split
 from methods.pipeline.core.block_profile import BlockProfile, profile_blocks, profiles_from_dicts, profiles_to_dicts
 from methods.pipeline.core.partitioner import (
     PartitionPlan,

@@ -7,7 +7,7 @@ import torch
 
 from _dist import context, spawn, train_steps
 from harness.data.tensors import Batch, DataOrder
-from harness.toolkit import evaluate_classifier
+from harness.evaluation import evaluate_classifier
 
 
 def _make(name, rank=0, world_size=1, params=None, records=None):

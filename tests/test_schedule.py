@@ -20,13 +20,13 @@ from harness.data.workloads import DIGITS_MLP
 from harness.launch.local import launch
 from harness.launch.suite import prepare_run_dir
 from harness.method import EvalResult, Method, StepStats, TrainParams
+from harness.optim import make_optimizer
 from harness.results import read_jsonl
 from harness.run import checkpoint
 from harness.run.loop import Loop
 from harness.run.lr_schedule import LrSchedule, schedule_problem
 from harness.suite.expand import expand_suite
 from harness.suite.files import FileError
-from harness.toolkit import make_optimizer
 
 STEPS = 60  # digits-mlp at batch 32: 44 steps per epoch
 #: digits-mlp with a budget of time alone (a workload referenced by path from a suite)

@@ -31,7 +31,8 @@ START_METHODS = ("forkserver", "spawn")
 #: too (about 0.9 s here, close to a torch import); the harness modules are those the worker imports in its run.
 CORE_MODULES = (
     "numpy", "torch", "torch.distributed", "torch._inductor.config",
-    "harness.launch.local", "harness.run.worker", "harness.run.loop", "harness.run.manifest", "harness.toolkit",
+    "harness.launch.local", "harness.run.worker", "harness.run.loop", "harness.run.manifest", "harness.optim",
+    "harness.evaluation",
     "harness.registry", "harness.method", "harness.comm.communicator", "harness.data.workloads",
 )
 

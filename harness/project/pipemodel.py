@@ -18,7 +18,7 @@ from harness.project.measured import RunMeasure
 from harness.project.model import Projected
 from harness.project.profile import BlockCosts
 from harness.project.simulate import SENDS, Task, busy_s, period_s, simulate, simulated_bubble
-from harness.toolkit import uniform_split
+from harness.split import uniform_split
 from harness.trace import ScheduledAction, StepSchedule
 
 #: Consecutive steps simulated to reach the steady state (the period is taken over the second half).

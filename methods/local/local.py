@@ -27,7 +27,7 @@ from harness.memory import (
     weight_bytes,
 )
 from harness.method import EvalResult, Method, RunContext, StepStats, TrainParams
-from harness.toolkit import clip_gradients, make_optimizer
+from harness.optim import clip_gradients, make_optimizer
 from methods.blocks import SUMS_WIDTH, classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
 from methods.local.parts import chunk_ranges, make_head, path_ranges
 

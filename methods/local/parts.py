@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from harness.toolkit import uniform_split
+from harness.split import uniform_split
 
 
 def chunk_ranges(num_blocks: int, chunks: int, variant: str) -> list[tuple[int, int]]:

@@ -8,7 +8,7 @@ from torch.nn.parallel import DistributedDataParallel
 from harness.data.tensors import Batch
 from harness.memory import gradient_bytes
 from harness.method import RunContext, TrainParams
-from harness.toolkit import make_optimizer
+from harness.optim import make_optimizer
 from methods.reference.whole_model import WholeModelMethod
 
 

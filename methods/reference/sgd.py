@@ -6,7 +6,7 @@ import torch
 
 from harness.data.tensors import Batch
 from harness.method import RunContext
-from harness.toolkit import make_optimizer
+from harness.optim import make_optimizer
 from methods.reference.whole_model import WholeModelMethod
 
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from harness.data.tensors import Batch, TensorData
+from harness.evaluation import evaluate_classifier
 from harness.memory import (
     MEASURED_STEPS,
     LossBlock,
@@ -24,7 +25,7 @@ from harness.memory import (
     weight_bytes,
 )
 from harness.method import EvalResult, Method, StepStats
-from harness.toolkit import clip_gradients, evaluate_classifier
+from harness.optim import clip_gradients
 
 
 class WholeModelMethod(Method):

@@ -14,7 +14,7 @@ from torch import nn
 from harness.data.tensors import Batch
 from harness.memory import DoesNotFit
 from harness.method import RunContext, StepStats
-from harness.toolkit import uniform_split
+from harness.split import uniform_split
 from harness.trace import StepSchedule
 from methods.blocks import VIRTUAL_DEFAULT_PARTS, too_few
 from methods.pipeline.apapo import antichain, layers

@@ -15,7 +15,7 @@ from harness.comm.communicator import Communicator
 from harness.data.tensors import Batch, TensorData
 from harness.memory import Footprint, LossBlock, MemoryBytes, footprints
 from harness.method import EvalResult, Method, RunContext, StepStats
-from harness.toolkit import make_optimizer
+from harness.optim import make_optimizer
 from harness.trace_export import write_chrome_trace
 from methods.blocks import SUMS_WIDTH, classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
 from methods.pipeline.core import planning

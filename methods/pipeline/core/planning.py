@@ -13,7 +13,7 @@ from torch import nn
 
 from harness.comm.communicator import Communicator
 from harness.memory import DoesNotFit, Footprint
-from harness.toolkit import uniform_split
+from harness.split import uniform_split
 from methods.pipeline.core import block_profile as profiler
 from methods.pipeline.core import partitioner, plan_memory
 from methods.pipeline.core.memory import StageCost

@@ -13,7 +13,7 @@ from torch.distributed.pipelining._backward import stage_backward_input, stage_b
 from torch.func import functional_call
 
 from harness.memory import optimizer_state_bytes, saved_bytes, tensor_bytes
-from harness.toolkit import clip_gradients
+from harness.optim import clip_gradients
 from methods.pipeline.core.versions import WeightPolicy
 
 #: graph: differentiate the graph the forward built, with the weights the forward used (live, stashed or predicted).

@@ -12,7 +12,7 @@ from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
-from harness.toolkit import squared_grad_norm
+from harness.optim import squared_grad_norm
 from harness.trace import StepSchedule
 from methods.pipeline.core.actions import Action, Op, Schedule
 from methods.pipeline.core.base import PipelineMethod
