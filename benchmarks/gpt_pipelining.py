@@ -54,9 +54,9 @@ def _rank(rank: int, world_size: int, options: dict, batch: int, microbatches: i
 
     from harness import registry
     from harness.comm.communicator import Communicator
-    from harness.data.gpt import sequence_cross_entropy
     from harness.data.tensors import Batch, DataOrder
     from harness.method import RunContext
+    from harness.models.gpt import sequence_cross_entropy
 
     torch.use_deterministic_algorithms(True)  # the suites' default, as the worker sets it (for both sides alike)
     workload = registry.WORKLOADS.get(WORKLOAD)

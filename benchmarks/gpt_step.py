@@ -41,7 +41,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 WORKLOAD = "shakespeare-gpt"
 OPTIONS = {"n_layer": 4, "n_head": 4, "d_model": 128, "context": 64}
-#: nanoGPT's shakespeare_char CPU run; also the workload's own hyperparameters (harness/data/lm.py).
+#: nanoGPT's shakespeare_char CPU run; also the workload's own hyperparameters (harness/workloads/lm.py).
 PARAMS = {"batch_size": 12, "lr": 1e-3, "optimizer": "adamw", "betas": [0.9, 0.99], "weight_decay": 0.1,
           "grad_clip": 1.0}
 GOAL = 1.03

@@ -14,9 +14,9 @@ from torch import nn
 
 from harness.comm.communicator import Communicator
 from harness.data.tensors import Batch, TensorData
-from harness.data.workload import Instance
 from harness.memory import MemoryBytes
 from harness.trace import StepSchedule
+from harness.workloads.workload import Instance
 
 
 class TrainParams(BaseModel):

@@ -1,7 +1,7 @@
 """The registry: method and workload names to their objects, built in, from installed packages, or by import path.
 
 A name is looked up in three places, in order:
-1. the built-in table (`methods/` and `harness/data/workloads.py`), imported only when asked for;
+1. the built-in table (`methods/` and `harness/workloads/builtin.py`), imported only when asked for;
 2. the entry points of installed packages, groups `dtbench.methods` and `dtbench.workloads`;
 3. a `package.module:Attribute` reference, importable from the environment or PYTHONPATH.
 Every lookup returns the object and an `Entry` that says where it came from (written to spec.json).
@@ -137,13 +137,13 @@ def _check_method(obj: Any) -> str | None:
 
 
 def _builtin_workloads() -> dict[str, str]:
-    from harness.data.workloads import BUILTIN
+    from harness.workloads.builtin import BUILTIN
 
-    return {name: f"harness.data.workloads:{attribute}" for name, attribute in BUILTIN.items()}
+    return {name: f"harness.workloads.builtin:{attribute}" for name, attribute in BUILTIN.items()}
 
 
 def _check_workload(obj: Any) -> str | None:
-    from harness.data.workload import Workload
+    from harness.workloads.workload import Workload
 
     if isinstance(obj, Workload):
         return None
@@ -151,7 +151,7 @@ def _check_workload(obj: Any) -> str | None:
 
 
 def _adapt_workload(obj: Any) -> Any:
-    from harness.data.workload import Workload
+    from harness.workloads.workload import Workload
 
     if isinstance(obj, Workload):
         return obj
@@ -160,7 +160,7 @@ def _adapt_workload(obj: Any) -> Any:
     except Exception as exc:  # a plug-in's factory, or a function that is none (os.path:join): one line, no traceback
         raise RegistryError(f"{obj!r} raised {type(exc).__name__} when called to make the workload: {exc}") from None
     if not isinstance(made, Workload):
-        raise RegistryError(f"{obj!r} returned a {type(made).__name__}, not a harness.data.workload.Workload")
+        raise RegistryError(f"{obj!r} returned a {type(made).__name__}, not a harness.workloads.workload.Workload")
     return made
 
 

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from harness import registry
-from harness.data import corpus, lm, text
+from harness.data import corpus, text
 from harness.data.corpus import Corpus, CorpusUnavailable
 from harness.data.text import TokenWindows
+from harness.workloads import lm
 
 VERSE = ("Shall I compare thee to a summer's day?\nThou art more lovely and more temperate:\n"
          "Rough winds do shake the darling buds of May,\nAnd summer's lease hath all too short a date.\n")

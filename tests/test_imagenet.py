@@ -12,6 +12,7 @@ from torch import nn
 
 from harness.data import imagenet
 from harness.data.tensors import Batch, DataOrder
+from harness.models.resnet50 import resnet50 as resnet50_blocks
 
 CLASSES = ("n01440764", "n01443537", "n01484850")
 PER_CLASS = {"train": 4, "val": 2}
@@ -188,7 +189,7 @@ def test_resnet50_is_torchvision_s_as_18_blocks():
     from torchvision.models.resnet import Bottleneck
 
     torch.manual_seed(0)
-    model = imagenet.resnet50(3)
+    model = resnet50_blocks(3)
     assert type(model) is nn.Sequential and len(model) == 18
     assert all(isinstance(model[i], Bottleneck) for i in range(1, 17))
     assert isinstance(model[17][-1], nn.Linear) and model[17][-1].out_features == 3

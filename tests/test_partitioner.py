@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.data.models import mlp
+from harness.models.simple import mlp
 from harness.split import uniform_split
 from methods.pipeline.core.block_profile import BlockProfile, profile_blocks, profiles_from_dicts, profiles_to_dicts
 from methods.pipeline.core.partitioner import (

@@ -201,7 +201,7 @@ def test_scaling_rules_to_batch_one_and_their_record_in_the_spec(tmp_path):
 
 def test_the_groupnorm_cnn_works_at_batch_size_one():
     from harness import registry
-    from harness.data.models import digits_cnn
+    from harness.models.simple import digits_cnn
 
     instance = registry.WORKLOADS.get("digits-cnn").instantiate({"norm": "group"})
     model = instance.make_model()

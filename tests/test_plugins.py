@@ -99,7 +99,7 @@ def test_a_bad_method_reference_is_one_line_naming_the_field(tmp_path, method, m
 def test_a_path_reference_resolves_and_records_its_origin(tmp_path):
     specs = expand_suite(_suite(tmp_path, "methods.reference.sgd:SGD"))
     assert specs[0].method == "methods.reference.sgd:SGD" and specs[0].method_origin == "path methods.reference.sgd:SGD"
-    assert specs[0].workload_origin == "builtin harness.data.workloads:DIGITS_MLP"
+    assert specs[0].workload_origin == "builtin harness.workloads.builtin:DIGITS_MLP"
     assert specs[0].run_id == "SGD-digits-mlp-w1-s0" and specs[0].label == "sgd x1"
     builtin = expand_suite(_suite(tmp_path, "sgd"))[0]
     assert builtin.method_origin == "builtin methods.reference.sgd:SGD" and builtin.run_id == "sgd-digits-mlp-w1-s0"
@@ -113,9 +113,10 @@ def test_the_cli_exits_2_with_one_line_for_a_bad_reference(tmp_path):
 
 
 def test_workload_references_accept_a_workload_or_a_factory():
-    workload, entry = registry.WORKLOADS.resolve("harness.data.workloads:DIGITS_CNN")
+    workload, entry = registry.WORKLOADS.resolve("harness.workloads.builtin:DIGITS_CNN")
     assert workload.name == "digits-cnn" and entry.kind == "path"
     with pytest.raises(registry.RegistryError, match="is neither a Workload nor a function returning one"):
-        registry.WORKLOADS.resolve("harness.data.workload:Workload")
-    with pytest.raises(registry.RegistryError, match="returned a Sequential, not a harness.data.workload.Workload"):
-        registry.WORKLOADS.resolve("harness.data.models:digits_cnn")
+        registry.WORKLOADS.resolve("harness.workloads.workload:Workload")
+    with pytest.raises(registry.RegistryError,
+                       match="returned a Sequential, not a harness.workloads.workload.Workload"):
+        registry.WORKLOADS.resolve("harness.models.simple:digits_cnn")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from _dist import spawn
-from harness.data.models import mlp
+from harness.models.simple import mlp
 from harness.project.dataparallel import Bucket, DataParallelCosts, data_parallel_step, ddp_buckets
 from harness.project.links import (
     WIRE_EFFICIENCY,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.data import resnet
+from harness.models import resnet
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

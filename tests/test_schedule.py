@@ -16,7 +16,6 @@ import torch
 from harness import registry
 from harness.budget import Budget
 from harness.data.tensors import Batch, DataOrder
-from harness.data.workloads import DIGITS_MLP
 from harness.launch.local import launch
 from harness.launch.suite import prepare_run_dir
 from harness.method import EvalResult, Method, StepStats, TrainParams
@@ -27,6 +26,7 @@ from harness.run.loop import Loop
 from harness.run.lr_schedule import LrSchedule, schedule_problem
 from harness.suite.expand import expand_suite
 from harness.suite.files import FileError
+from harness.workloads.builtin import DIGITS_MLP
 
 STEPS = 60  # digits-mlp at batch 32: 44 steps per epoch
 #: digits-mlp with a budget of time alone (a workload referenced by path from a suite)

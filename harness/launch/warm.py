@@ -33,7 +33,7 @@ CORE_MODULES = (
     "numpy", "torch", "torch.distributed", "torch._inductor.config",
     "harness.launch.local", "harness.run.worker", "harness.run.loop", "harness.run.manifest", "harness.optim",
     "harness.evaluation",
-    "harness.registry", "harness.method", "harness.comm.communicator", "harness.data.workloads",
+    "harness.registry", "harness.method", "harness.comm.communicator", "harness.workloads.builtin",
 )
 
 #: What the built-in workloads import to load their data: joblib, which holds the digits split on disk. scikit-learn

@@ -6,9 +6,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.budget import Budget
-from harness.data.models import mlp
 from harness.data.tensors import TensorData
-from harness.data.workload import Instance, Workload
+from harness.models.simple import mlp
+from harness.workloads.workload import Instance, Workload
 
 
 class BlobsOptions(BaseModel):

@@ -15,6 +15,7 @@ import torch
 from torch import fx, nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from harness.models.gpt import CausalSelfAttention, Embeddings
 from methods.pipeline.apapo.graph import LayerGraph, members
 from methods.pipeline.core.block_profile import BlockProfile
 
@@ -33,12 +34,18 @@ class TracedModel:
     output: int
 
 
+#: Modules traced as one layer although torch.fx could look inside: their insides compute shapes and positions
+#: rather than batches (the GPT's embeddings and attention). APapo's choice, kept here, not in the models.
+WHOLE_LAYERS: tuple[type[nn.Module], ...] = (Embeddings, CausalSelfAttention)
+
+
 class LayerTracer(fx.Tracer):
-    """torch.fx's tracer, with one more kind of leaf: a module whose class sets `traced_as_layer = True` (a GPT's
-    embeddings and attention, whose insides compute shapes and positions rather than batches) is one layer."""
+    """torch.fx's tracer, with one more kind of leaf: a module of a WHOLE_LAYERS class, or of a plug-in class that
+    sets `traced_as_layer = True`, is one layer."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return getattr(m, "traced_as_layer", False) or super().is_leaf_module(m, module_qualified_name)
+        return (isinstance(m, WHOLE_LAYERS) or getattr(m, "traced_as_layer", False)
+                or super().is_leaf_module(m, module_qualified_name))
 
 
 def symbolic_trace(model: nn.Module) -> fx.GraphModule:

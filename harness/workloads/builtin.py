@@ -9,9 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from harness.budget import Budget
-from harness.data import models, sources
-from harness.data.lm import SHAKESPEARE_GPT  # noqa: F401 (registered in BUILTIN below)
-from harness.data.workload import Instance, NoOptions, Workload
+from harness.data import sources
+from harness.models import simple as models
+from harness.workloads.lm import SHAKESPEARE_GPT  # noqa: F401 (registered in BUILTIN below)
+from harness.workloads.workload import Instance, NoOptions, Workload
 
 
 class SyntheticOptions(BaseModel):
@@ -99,7 +100,7 @@ def _synthetic_mlp(options: SyntheticOptions, data_root: str | None) -> Instance
 
 
 def _digits_resnet_model(options: DigitsResNetOptions) -> nn.Sequential:
-    from harness.data import resnet
+    from harness.models import resnet
 
     return resnet.cifar_resnet(options.depth, 10, options.norm, in_channels=1)
 
@@ -110,7 +111,7 @@ def _digits_resnet(options: DigitsResNetOptions, data_root: str | None) -> Insta
 
 
 def _cifar10_resnet20_model(options: ResNetOptions) -> nn.Sequential:
-    from harness.data import resnet
+    from harness.models import resnet
 
     return resnet.cifar_resnet(options.depth, 10, options.norm)
 
@@ -123,9 +124,9 @@ def _cifar10_resnet20(options: ResNetOptions, data_root: str | None) -> Instance
 
 
 def _imagenet_resnet50_model(options: ImageNetOptions, classes: int = 1000) -> nn.Sequential:
-    from harness.data import imagenet
+    from harness.models.resnet50 import resnet50
 
-    return imagenet.resnet50(classes)
+    return resnet50(classes)
 
 
 def _imagenet_resnet50(options: ImageNetOptions, data_root: str | None) -> Instance:

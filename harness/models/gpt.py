@@ -15,7 +15,6 @@ INIT_STD = 0.02
 class Embeddings(nn.Module):
     """Token ids (N x T, int64) -> token plus learned position embeddings (N x T x D), then dropout."""
 
-    traced_as_layer = True  # one node of a layer graph (APapo's torch.fx trace): its insides are not batches
 
     def __init__(self, vocab: int, d_model: int, context: int, dropout: float):
         super().__init__()
@@ -31,7 +30,6 @@ class Embeddings(nn.Module):
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention in which position t attends to positions <= t (scaled_dot_product_attention)."""
 
-    traced_as_layer = True
 
     def __init__(self, d_model: int, n_head: int, dropout: float):
         super().__init__()

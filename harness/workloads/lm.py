@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from harness.budget import Budget
-from harness.data.workload import Instance, Workload
+from harness.workloads.workload import Instance, Workload
 
 
 class GPTOptions(BaseModel):
@@ -56,7 +56,7 @@ def _vocab(options: GPTOptions) -> int:
 
 
 def _model(options: GPTOptions, vocab: int | None = None) -> nn.Sequential:
-    from harness.data.gpt import gpt
+    from harness.models.gpt import gpt
 
     return gpt(vocab or _vocab(options), options.n_layer, options.n_head, options.d_model, options.context,
                options.dropout)
@@ -64,7 +64,7 @@ def _model(options: GPTOptions, vocab: int | None = None) -> nn.Sequential:
 
 def _build(options: GPTOptions, data_root: str | None) -> Instance:
     from harness.data import corpus, text
-    from harness.data.gpt import sequence_cross_entropy
+    from harness.models.gpt import sequence_cross_entropy
 
     tokens = text.tokenize(corpus.load(options.corpus, data_root), options.tokenizer, options.held_out)
     if options.vocab_size is not None and options.vocab_size < tokens.vocab_size:
