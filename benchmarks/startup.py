@@ -8,7 +8,7 @@ all variants alike; the per-round ratio to the first variant cancels most of it.
 seconds of every process a run starts (the launcher, the forkserver, the ranks; this script adopts the orphans to
 reap them), which the machine's load hardly changes.
 
-    python benchmarks/startup.py [--rounds 3] [--baseline TREE] [--spawn] [--cases sgd,ddp,suite10,digits]
+    python benchmarks/startup.py [--rounds 3] [--baseline TREE] [--spawn] [--torch] [--cases sgd,ddp,suite10,digits]
 
 Variants: `warm` (this tree), `spawn` (this tree with DTBENCH_START_METHOD=spawn: every rank a fresh interpreter)
 and `baseline` (the code of TREE, e.g. a `git worktree add /tmp/base main` of the commit before). It prints each
@@ -73,6 +73,13 @@ def run_once(tree: Path, env: dict[str, str], suite: Path, out: Path) -> tuple[f
     return wall, children_cpu_s() - cpu
 
 
+def import_torch_s() -> float:
+    """Seconds of a fresh interpreter that imports torch and exits."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    return time.perf_counter() - start
+
+
 def phases(out: Path) -> dict[str, float]:
     """The slowest rank's seconds per start-up phase, summed over the runs under `out` (empty for trees without
     `startup` records)."""
@@ -95,6 +102,9 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, metavar="TREE", help="another source tree to measure alongside")
     parser.add_argument("--spawn", action="store_true", help="also measure this tree with spawned ranks")
     parser.add_argument("--cases", default="sgd,ddp,suite10,digits", help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument("--torch", action="store_true",
+                        help="also time a bare `python -c 'import torch'` in every round, interleaved with the runs, "
+                             "and print each case's time over it (the floor any run that imports torch stands on)")
     args = parser.parse_args()
     variants = {"warm": (ROOT, {})}
     if args.spawn:
@@ -110,16 +120,21 @@ def main() -> None:
         suites[case] = write_suite(folder / case, methods, seeds, workload)
     seconds: dict[tuple[str, str], list[float]] = {(c, v): [] for c in cases for v in variants}
     cpu: dict[tuple[str, str], list[float]] = {(c, v): [] for c in cases for v in variants}
+    torch_s: list[float] = []
     adopt_orphans()
     try:
         for index in range(args.rounds):
             order = list(variants) if index % 2 == 0 else list(reversed(variants))
+            if args.torch and index % 2 == 0:
+                torch_s.append(import_torch_s())
             for case in cases:
                 for name in order:
                     tree, env = variants[name]
                     wall, used = run_once(tree, env, suites[case], folder / case / f"out-{name}")
                     seconds[case, name].append(wall)
                     cpu[case, name].append(used)
+            if args.torch and index % 2 == 1:
+                torch_s.append(import_torch_s())
             print(f"round {index + 1}/{args.rounds} (load {os.getloadavg()[0]:.2f}): " + ", ".join(
                 f"{c} {v} {seconds[c, v][-1]:.2f} s" for c in cases for v in variants), flush=True)
         first = next(iter(variants))
@@ -134,6 +149,12 @@ def main() -> None:
                         cell += f" ({statistics.median(ratios):.2f}x {first})"
                     cells.append(cell)
                 print(f"  {case:8s} " + "   ".join(cells))
+        if torch_s:
+            print(f"\nbare `import torch`: median {statistics.median(torch_s):.2f} s; each case over it, the median "
+                  f"of the per-round ratios:")
+            for case in cases:
+                ratios = [a / b for a, b in zip(seconds[case, first], torch_s, strict=True)]
+                print(f"  {case:8s} {first} {statistics.median(ratios):.2f}x import torch")
         print("\nranks' start-up phases, last round (slowest rank per run, summed over the runs), seconds:")
         for case in cases:
             for name in variants:
