@@ -176,11 +176,11 @@ def slurm(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def gpu(session: nox.Session) -> None:
     """The GPU path (nccl, CUDA tensors): every smoke run that fits the GPUs (one rank per GPU) at 2 epochs, checked
-    for completion, accuracy and data-parallel ranks' bitwise agreement (benchmarks/gpu_check.py; pass its options
-    after --). Without CUDA it says so in one line and succeeds."""
+    for completion, accuracy and data-parallel ranks' bitwise agreement (benchmarks/checks/gpu_check.py; pass its
+    options after --). Without CUDA it says so in one line and succeeds."""
     bin_dir = shared_venv(session)
     session.env.update({"MPLBACKEND": "Agg"})
-    session.run(str(bin_dir / "python"), "benchmarks/gpu_check.py", *session.posargs, external=True)
+    session.run(str(bin_dir / "python"), "benchmarks/checks/gpu_check.py", *session.posargs, external=True)
 
 
 @nox.session
@@ -265,10 +265,10 @@ def _baseline(session: nox.Session, rev: str, rerun: bool, asv_args: list[str]) 
 def bench(session: nox.Session) -> None:
     """asv on the working tree, saved as the current commit in .asv/results, then the summary in .asv/summary.
 
-    `-- --compare REV` then fails on a regression against REV beyond a factor (benchmarks/regress.py: --factor 1.25,
-    --factor-for GLOB=F, --strict), measuring REV from a clean export when its results are not stored (or --rerun).
-    `--bench REGEX` narrows both; other arguments go to `asv run`. DTBENCH_BENCH_SLOWDOWN=F slows the fixture
-    benchmark of the working tree only, to check the check.
+    `-- --compare REV` then fails on a regression against REV beyond a factor (benchmarks/asv_tools/regress.py:
+    --factor 1.25, --factor-for GLOB=F, --strict), measuring REV from a clean export when its results are not stored
+    (or --rerun). `--bench REGEX` narrows both; other arguments go to `asv run`. DTBENCH_BENCH_SLOWDOWN=F slows the
+    fixture benchmark of the working tree only, to check the check.
     """
     options, asv_extra = _bench_options(session)
     asv_args = [*(arg for regex in options.bench for arg in ("--bench", regex)), *asv_extra]
@@ -279,10 +279,10 @@ def bench(session: nox.Session) -> None:
     try:
         _asv_run(session, head, asv_args)
     finally:  # a failed benchmark still leaves the others' results, and the summary lists it
-        session.run("python", "benchmarks/summary.py")
+        session.run("python", "benchmarks/asv_tools/summary.py")
     if baseline is not None:
         regress_args = [*(arg for regex in options.bench for arg in ("--bench", regex)),
                         *(["--factor", options.factor] if options.factor else []),
                         *(arg for rule in options.factor_for for arg in ("--factor-for", rule)),
                         *(["--strict"] if options.strict else [])]
-        session.run("python", "benchmarks/regress.py", str(baseline), head, *regress_args)
+        session.run("python", "benchmarks/asv_tools/regress.py", str(baseline), head, *regress_args)

@@ -1,4 +1,4 @@
-"""Tests of the performance-tracking tools (benchmarks/regress.py, summary.py, asv_results.py) on small result
+"""Tests of the performance-tracking tools (benchmarks/asv_tools/regress.py, summary.py, asv_results.py) on small result
 files in asv's format, and of the slowdown fixture that the regression check must catch. No asv run."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "asv_tools"))
 
 import asv_results  # noqa: E402
 import regress  # noqa: E402

@@ -1,4 +1,5 @@
-"""benchmarks/gpu_check.py, the GPU path's check: its suite, its one line without CUDA, and its checks failing."""
+"""benchmarks/checks/gpu_check.py, the GPU path's check: its suite, its one line without CUDA, and its checks
+failing."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "checks"))
 
 import gpu_check  # noqa: E402
 
 
 def test_without_cuda_it_says_so_in_one_line_and_exits_0():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")], env=env,
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "checks" / "gpu_check.py")], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.count("\n") == 1 and "no CUDA device" in done.stdout
 

@@ -1,5 +1,5 @@
 """The pipeline benchmarks' rank functions run end to end on a tiny model and return every number they print
-(benchmarks/pipeline_breakdown.py, benchmarks/asv/pipeline_ranks.py); their timings are not asserted."""
+(benchmarks/measure/pipeline_breakdown.py, benchmarks/asv/pipeline_ranks.py); their timings are not asserted."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from _dist import spawn
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "asv")]
+sys.path[:0] = [str(ROOT / "benchmarks" / "measure"), str(ROOT / "benchmarks" / "asv")]
 
 pytestmark = pytest.mark.slow
 

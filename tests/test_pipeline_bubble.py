@@ -41,7 +41,8 @@ def test_two_process_gpipe_traces_follow_the_schedule_and_causality():
     """The real traces of 2 processes: each stage ran its schedule's compute order, every microbatch's forward at
     stage 1 began after it left stage 0 and its backward at stage 0 after it left stage 1 (one clock for both
     processes), and the bubble is a fraction. Whether it is within 0.05 of the ideal 1/9 is a performance number,
-    measured by benchmarks/pipeline_step.py and asv's track_gpipe_bubble, not asserted here: this machine is noisy."""
+    measured by benchmarks/measure/pipeline_step.py and asv's track_gpipe_bubble, not asserted here: this machine is
+    noisy."""
     from methods.pipeline.core.actions import compute_order
     from methods.pipeline.flushed.schedules import gpipe
 

@@ -2,7 +2,8 @@
 
 Every compressor is measured the way the DDP hook runs it on one bucket: compress a flat fp32 gradient, zero the
 output, decode into it (`decompress_add_`), on one thread. Its peer is `out.copy_(gradient)` into the same
-preallocated output, the memory-bandwidth yardstick (benchmarks/compressors.py has the same peer and a naive port).
+preallocated output, the memory-bandwidth yardstick (benchmarks/measure/compressors.py has the same peer and a naive
+port).
 """
 
 from __future__ import annotations

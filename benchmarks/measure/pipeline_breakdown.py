@@ -7,7 +7,8 @@ did not (`--allocator system`; docs/benchmarks.md). Steps alternate one by one (
 each after a barrier; times are medians over steps of this rank's own clock. torch's side is timed by wrapping its
 stage's forward_one_chunk and backward_one_chunk and the schedule's P2P waits.
 
-    python benchmarks/pipeline_breakdown.py [--schedule 1f1b|interleaved] [--steps 12] [--allocator retain|system]
+    python benchmarks/measure/pipeline_breakdown.py [--schedule 1f1b|interleaved] [--steps 12]
+        [--allocator retain|system]
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks" / "asv")]
 
 

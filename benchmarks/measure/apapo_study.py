@@ -1,10 +1,10 @@
 """APapo's study (suites/apapo.toml): run it with the seeds interleaved, then summarise throughput, time to target,
 final accuracy, speed-ups over the other methods and the communication hidden by overlap, per set-up.
 
-    python benchmarks/apapo_study.py run [--out results]        # seed 0 of every run, then seed 1, then seed 2
-    python benchmarks/apapo_study.py summarize results/apapo     # after `dtbench report results/apapo`
-    python benchmarks/apapo_study.py delay                       # the delayed update's accuracy, one process
-    python benchmarks/apapo_study.py handling                    # delay handlings simulated on one process
+    python benchmarks/measure/apapo_study.py run [--out results]        # seed 0 of every run, then seed 1, then seed 2
+    python benchmarks/measure/apapo_study.py summarize results/apapo     # after `dtbench report results/apapo`
+    python benchmarks/measure/apapo_study.py delay                       # the delayed update's accuracy, one process
+    python benchmarks/measure/apapo_study.py handling                    # delay handlings simulated on one process
 
 `run` prints `uptime` before each pass (other work on the machine changes every timing) and writes the report.
 `summarize` prints markdown: per label the mean (and spread over seeds) of samples/s, time to target and final
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-SUITE = Path(__file__).resolve().parents[1] / "suites" / "apapo.toml"
+SUITE = Path(__file__).resolve().parents[2] / "suites" / "apapo.toml"
 
 
 def run_ids(seed: int) -> list[str]:

@@ -5,7 +5,7 @@ steps so that machine noise hits both alike. The harness variant is the full per
 (`Loop.train_one_step`: batch selection, the ddp method with its accounted Python comm hook, the train record written
 to metrics.jsonl, the ranks' periodic agreement). The plain variant is the textbook DDP loop.
 
-    python benchmarks/ddp_overhead.py [--workload digits-mlp] [--rounds 15] [--steps 40]
+    python benchmarks/measure/ddp_overhead.py [--workload digits-mlp] [--rounds 15] [--steps 40]
 
 Prints the median step time of each and their ratio (harness / plain; the goal is <= 1.05).
 """
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks" / "asv")]  # _dist, and the shared rank-side loop
 
 

@@ -1,6 +1,6 @@
 """A static, offline summary of the asv results: the latest run and the history across commits, in markdown and HTML.
 
-    python benchmarks/summary.py [--results-dir .asv/results] [--out .asv/summary] [--machine NAME]
+    python benchmarks/asv_tools/summary.py [--results-dir .asv/results] [--out .asv/summary] [--machine NAME]
 
 asv's own HTML (`asv publish`) loads its JavaScript from CDNs and stays blank offline; this writes plain files:
 `index.md` and `index.html` (one self-contained page, plots embedded), `latest.csv`, `history.csv`, and per

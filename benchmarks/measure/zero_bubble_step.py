@@ -1,14 +1,14 @@
 """Our zb-h1 step against torch.distributed.pipelining's zero-bubble schedule of the same shape, and its measured
 bubble against the paper's formula.
 
-The setup of benchmarks/pipeline_step.py: a compute-bound MLP of 8 x Linear(2048, 2048), batch 256, M = 8
+The setup of benchmarks/measure/pipeline_step.py: a compute-bound MLP of 8 x Linear(2048, 2048), batch 256, M = 8
 microbatches, 2 ranks x 1 thread, gloo, one stage of 4 layers per rank. Our zb-h1 and 1f1b executors and torch's
 ScheduleInterleavedZeroBubble (given one stage per rank: ZB-H1's shape) and Schedule1F1B run in the same 2 processes
 in alternating blocks; per block the slower rank's time counts. The bubbles are harness.trace.step_bubble over our
 traced steps (median), against ZB-H1's (S-1)(T_F + T_B - T_W) / (M(T_F + T_B + T_W) + (S-1)(T_F + T_B - T_W)) with
 T_F, T_B, T_W the median traced forward, B and W of the stages, and 1F1B's (S-1)/(M+S-1).
 
-    python benchmarks/zero_bubble_step.py [--rounds 5] [--steps 3] [--width 2048] [--json OUT]
+    python benchmarks/measure/zero_bubble_step.py [--rounds 5] [--steps 3] [--width 2048] [--json OUT]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks" / "asv")]
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DTBENCH = [sys.executable, "-m", "harness.cli"]
 
 #: One method of each family, on 2 ranks of digits-mlp: data parallel, compressed, pipeline, local.

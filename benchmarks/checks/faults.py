@@ -1,7 +1,7 @@
 """Fault-injection sweep: real `dtbench run` processes hit by kills, stops, signals, damaged files, a full disk, a
 downed link and a second writer, each at random points, summed up in the table of docs/reliability.md.
 
-    python benchmarks/faults.py [--repeats 3] [--methods ddp,qsgd,gpipe,local] [--cases kill9,sigstop,...]
+    python benchmarks/checks/faults.py [--repeats 3] [--methods ddp,qsgd,gpipe,local] [--cases kill9,sigstop,...]
                                 [--seed 0] [--markdown table.md] [--keep]
 
 Every case runs `--repeats` times per method at a random step (the seed makes the points repeatable, not the

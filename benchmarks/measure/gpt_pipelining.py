@@ -16,7 +16,8 @@ parameter difference after the step are printed. Then the four variants alternat
 the same two processes (order reversed every other round, a barrier before and after each block, per block the
 slower rank's time counts), after `--steps` warm-up steps each.
 
-    DTBENCH_CACHE_DIR=/tmp/dtcache python benchmarks/gpt_pipelining.py [--steps 10] [--blocks 9] [--microbatches 4]
+    DTBENCH_CACHE_DIR=/tmp/dtcache python benchmarks/measure/gpt_pipelining.py [--steps 10] [--blocks 9]
+        [--microbatches 4]
         [--batch 12] [--n-layer 4] [--d-model 128] [--grad-clip 1.0] [--json OUT]
 
 Prints the median step time of each variant and, per schedule, the ratio ours / theirs (median of per-round ratios,
@@ -34,8 +35,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "asv")]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks" / "measure"),
+                 str(ROOT / "benchmarks" / "asv")]
 
 WORKLOAD = "shakespeare-gpt"
 SCHEDULES = ("gpipe", "1f1b")

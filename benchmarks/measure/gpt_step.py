@@ -16,7 +16,8 @@ The variants alternate in blocks of `--steps` steps (order reversed every other 
 each, so machine noise hits all alike. As the worker does, the process runs under the suite defaults
 `deterministic = true` and `allocator = "retain"`; both are global, so every variant runs under them.
 
-    DTBENCH_CACHE_DIR=/tmp/dtcache python benchmarks/gpt_step.py [--steps 20] [--blocks 15] [--threads 1] [--json OUT]
+    DTBENCH_CACHE_DIR=/tmp/dtcache python benchmarks/measure/gpt_step.py [--steps 20] [--blocks 15] [--threads 1]
+        [--json OUT]
 
 Prints the median step time of each, the ratio harness / plain (median of per-round ratios, a bootstrap 95%
 interval of that median, and the ratio of the fastest blocks) and a verdict against the goal ratio <= 1.03.
@@ -36,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 WORKLOAD = "shakespeare-gpt"

@@ -12,7 +12,8 @@ Each variant's minor page faults per step are printed by rank (`--allocator syst
 which a rank can fault thousands of pages a step in again). `--exchange fused` runs our gpipe and 1f1b with receives
 posted at their action instead of at the step's start (docs/benchmarks.md measures both).
 
-    python benchmarks/pipeline_step.py [--rounds 5] [--steps 3] [--width 2048] [--allocator retain] [--exchange prepost]
+    python benchmarks/measure/pipeline_step.py [--rounds 5] [--steps 3] [--width 2048] [--allocator retain]
+        [--exchange prepost]
                                         [--json OUT]
 """
 
@@ -24,7 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks" / "asv")]
 
 

@@ -8,7 +8,8 @@ all variants alike; the per-round ratio to the first variant cancels most of it.
 seconds of every process a run starts (the launcher, the forkserver, the ranks; this script adopts the orphans to
 reap them), which the machine's load hardly changes.
 
-    python benchmarks/startup.py [--rounds 3] [--baseline TREE] [--spawn] [--torch] [--cases sgd,ddp,suite10,digits]
+    python benchmarks/measure/startup.py [--rounds 3] [--baseline TREE] [--spawn] [--torch]
+        [--cases sgd,ddp,suite10,digits]
 
 Variants: `warm` (this tree), `spawn` (this tree with DTBENCH_START_METHOD=spawn: every rank a fresh interpreter)
 and `baseline` (the code of TREE, e.g. a `git worktree add /tmp/base main` of the commit before). It prints each
@@ -31,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks" / "asv"))
 
 from startup_suite import write_suite  # noqa: E402

@@ -5,7 +5,7 @@ the way such code usually reads: bernoulli draws, boolean masks, int64 lookups),
 preallocated buffer as the memory-bandwidth yardstick (not clone: a fresh 100 MB allocation costs page faults that
 swing with the allocator).
 
-    python benchmarks/compressors.py [--numel 25000000] [--repeat 3]
+    python benchmarks/measure/compressors.py [--numel 25000000] [--repeat 3]
 
 Ours is timed the way the DDP hook runs it: compress, then decode into the zeroed bucket slice
 (`decompress_add_`). Prints, per compressor: seconds (best of --repeat), GB/s of fp32 input, the ratio to the copy

@@ -16,7 +16,7 @@ The machine's load (os.getloadavg) is printed before and after, and for each var
 CPU seconds over wall seconds (time.process_time, all threads). Lanes need free cores: when 2 lanes get about one
 core, no speed-up can show, so run it on a quiet machine.
 
-    python benchmarks/qfb_lanes.py [--threads 1] [--rounds 5] [--steps 3] [--width 2048] [--depth 4]
+    python benchmarks/measure/qfb_lanes.py [--threads 1] [--rounds 5] [--steps 3] [--width 2048] [--depth 4]
                                    [--batch 256] [--microbatches 8] [--sync exact] [--ranks 1] [--json OUT]
 """
 
@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 VARIANTS = ("1 lane x T", "2 lanes x T", "1 lane x 2T")

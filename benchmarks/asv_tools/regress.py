@@ -1,6 +1,7 @@
 """The regression check: compare two asv result sets and exit 1 when a benchmark got slower (or bigger) beyond a factor.
 
-    python benchmarks/regress.py BASELINE CONTENDER [--factor 1.25] [--factor-for 'GLOB=F'] [--bench REGEX] [--strict]
+    python benchmarks/asv_tools/regress.py BASELINE CONTENDER [--factor 1.25] [--factor-for 'GLOB=F']
+        [--bench REGEX] [--strict]
 
 BASELINE and CONTENDER are commits (their newest results under --results-dir) or paths of asv results files. asv
 treats smaller as better for every benchmark (time, memory and the tracked bytes, seconds and ratios), so the ratio

@@ -2,7 +2,7 @@
 checks the CPU tests make (every run completed, on the GPU, accuracy (the GPT's: its held-out loss 1 nat below the
 first evaluation's), data-parallel ranks bitwise equal).
 
-    python benchmarks/gpu_check.py [--out DIR] [--epochs 2] [--min-accuracy 0.8] [--cpu]
+    python benchmarks/checks/gpu_check.py [--out DIR] [--epochs 2] [--min-accuracy 0.8] [--cpu]
 
 Without CUDA it says so in one line and exits 0. nccl puts one rank on each GPU, so a run with more ranks than
 there are GPUs is listed as skipped, with the count it needs. `--cpu` runs the same suite and checks on gloo and the
@@ -26,7 +26,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "suites" / "smoke.toml"
 #: How far a language model's held-out loss must fall below its first evaluation's (nats per token).
 MIN_LOSS_DROP = 1.0
