@@ -169,7 +169,7 @@ def slurm(session: nox.Session) -> None:
     # shared /tmp/pytest-of-<user> folders whenever other sessions start.
     basetemp = Path(session.create_tmp()) / "pytest"
     session.run(str(bin_dir / "pytest"), *(session.posargs or ["-q", "-m", "slurm", f"--basetemp={basetemp}",
-                                                               "--durations=10", "tests/test_slurm_cluster.py"]),
+                                                               "--durations=10", "tests/launch/test_slurm_cluster.py"]),
                 external=True)
 
 

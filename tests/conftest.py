@@ -1,4 +1,5 @@
-"""Shared pytest setup: headless plotting, one thread per process, and the repo's suites folder."""
+"""Shared pytest setup: headless plotting, one thread per process, the repo's root, and the test folders on
+sys.path."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
-sys.path.insert(0, str(Path(__file__).parent))
+# The helpers (_dist, _compress, _fuzz, slurm_cluster) sit here; the tests, in one folder per area, import a few of
+# each other's fixtures by module name (test_config's GOOD suite), so every area's folder is importable too.
+HERE = Path(__file__).parent
+sys.path[:0] = [str(HERE), *(str(d) for d in sorted(HERE.iterdir()) if d.is_dir() and d.name.isidentifier()
+                             and any(d.glob("test_*.py")))]
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -112,7 +112,7 @@ def summarize(suite_dir: Path) -> str:
 def delayed_sgd(batch: int, lr: float, momentum: float, delay: int, epochs: int, seed: int = 0,
                 flush_every: int | None = None, fresh_tail: bool = False) -> float:
     """Test accuracy of digits-resnet after `epochs` of W(t+1) = W(t) - SGD(grad f(W(t - delay))): what apapo computes
-    with uniform delays D = delay (tests/test_apapo.py checks the two agree bitwise), on one process, one thread.
+    with uniform delays D = delay (tests/apapo/test_apapo.py checks the two agree bitwise), on one process, one thread.
     `flush_every` F: iterations t with t % F == 0 use the current weights (a flush every F iterations); `fresh_tail`:
     the second half of the parameters (in model order) always uses the current weights, the pattern of per_stage
     delays on two stages."""

@@ -30,7 +30,7 @@ def ddp_buckets(param_bytes: Sequence[Sequence[int]], first_cap: int = FIRST_BUC
     rebuilds its buckets in the order gradients became ready: the blocks from last to first, each block's
     parameters in reverse registration order (a Linear's bias before its weight). A bucket takes parameters until
     its size reaches its cap: first_cap for the first bucket, cap for the others (torch's
-    compute_bucket_assignment_by_size; checked against torch 2.14 in tests/test_project_formulas.py).
+    compute_bucket_assignment_by_size; checked against torch 2.14 in tests/projection/test_project_formulas.py).
     """
     buckets: list[Bucket] = []
     size, lowest, limit = 0, -1, first_cap

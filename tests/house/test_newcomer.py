@@ -112,7 +112,7 @@ def test_the_flat_all_gather_uses_the_current_collective_name():
 
     calls = []
 
-    class FakeDist:  # only the name lookup is checked here; tests/test_comm.py runs the collective for real
+    class FakeDist:  # only the name lookup is checked here; tests/run/test_comm.py runs the collective for real
         @staticmethod
         def all_gather_single(out, tensor, **kwargs):
             calls.append("single")

@@ -124,7 +124,7 @@ def test_the_launcher_and_the_preloaded_modules_import_no_plotting_cluster_or_sk
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'seaborn', 'matplotlib', 'pandas', 'submitit',"
             " 'sklearn'}))")
     done = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parent.parent)
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 

@@ -21,7 +21,7 @@ from harness.results import read_jsonl
 from harness.suite.expand import expand_suite
 from harness.suite.files import FileError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
 
 

@@ -9,8 +9,8 @@ from harness.launch.sites import load_site
 from harness.launch.slurm import SiteExecutor, executor_parameters
 from harness.suite.expand import expand_suite
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = Path(__file__).parent / "golden" / "sbatch_tianhe_qfb.sh"
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parents[1] / "golden" / "sbatch_tianhe_qfb.sh"
 SUITE = """name = "qfb-tianhe"
 workload = "digits-cnn"
 seeds = [0]

@@ -20,8 +20,8 @@ from harness.launch.suite import submit_specs
 from harness.suite.expand import expand_suite
 from harness.suite.files import FileError
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = Path(__file__).parent / "golden" / "sbatch_tianhe_array.sh"
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parents[1] / "golden" / "sbatch_tianhe_array.sh"
 SUITE = """name = "demo"
 workload = "digits-mlp"
 seeds = [0, 1, 2]

@@ -16,7 +16,7 @@ from harness import registry
 from harness.suite.expand import expand_suite
 from harness.suite.files import FileError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "dtbench-plugin-example"
 
 

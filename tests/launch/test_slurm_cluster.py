@@ -24,7 +24,7 @@ from harness.suite.expand import expand_suite
 
 pytestmark = pytest.mark.slurm
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "sites" / "local.toml"
 WAIT_S = 600
 

@@ -15,7 +15,7 @@ from harness.suite.files import FileError
 from harness.suite.labels import MAX_LABEL, LabelInputs, default_labels
 from harness.suite.spec import MAX_RUN_ID
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 HEAD = """
 name = "t"

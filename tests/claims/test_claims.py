@@ -19,7 +19,7 @@ from harness.report import build, tables
 from harness.results import load_suite
 from harness.suite.files import FileError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 TARGET = 0.9
 

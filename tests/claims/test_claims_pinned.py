@@ -14,7 +14,7 @@ from harness.claims.model import load_claims
 from harness.suite.expand import expand_suite
 from methods.pipeline.apapo.apapo import APapoParams
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLAIM_FILES = sorted((ROOT / "suites").glob("*.claims.toml"))
 
 

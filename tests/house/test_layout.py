@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DESIGN = ROOT / "docs" / "design.md"
 #: Every module under harness/ and methods/, by dotted name (a package by its own name).
 KNOWN = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
@@ -226,3 +226,14 @@ def test_every_methods_package_with_modules_has_a_row_and_keeps_to_it():
             bad.append(f"{path.relative_to(ROOT)} imports {name}, which the row `{row.text}` does not allow "
                        f"(may import: {', '.join(row.allowed) or 'nothing'})")
     assert not bad, "\n".join(bad)
+
+
+def test_tests_live_in_a_folder_per_area():
+    """No test module at the top of tests/ (only the shared helpers and conftest), and every folder's tests are
+    named after what they test: test_<something>.py."""
+    tests = ROOT / "tests"
+    assert sorted(p.name for p in tests.glob("test_*.py")) == []
+    folders = [d for d in tests.iterdir() if d.is_dir() and any(d.glob("*.py"))]
+    assert len(folders) >= 10
+    for folder in folders:
+        assert all(p.name.startswith("test_") for p in folder.glob("*.py")), folder

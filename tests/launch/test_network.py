@@ -26,7 +26,7 @@ from harness.suite.expand import expand_suite
 from harness.suite.files import FileError
 from harness.suite.spec import make_run_id
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 IS_ROOT = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
 root_only = pytest.mark.skipif(not IS_ROOT, reason="needs root and iproute2 (network namespaces)")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}

@@ -20,7 +20,7 @@ from test_fuzz_inputs import CLAIM, JUNK, NAMES, ROOT_TOKEN, place
 from harness.cli import main
 from harness.results import load_run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SUITE = (b'name = "t"\nworkload = "digits-mlp"\nseeds = [0, 1]\n[budget]\nmax_steps = 1\ntarget_accuracy = 0.5\n'
          b'[[run]]\nmethod = "sgd"\n[[run]]\nmethod = "gpipe"\nworld_size = 2\nparams = { microbatches = 2 }\n')
 

@@ -178,7 +178,7 @@ WRITER = textwrap.dedent("""
 
 def test_a_kill_9_during_checkpoint_writes_leaves_a_valid_checkpoint(tmp_path):
     """A process writing 2 MiB checkpoints back to back is SIGKILLed at arbitrary moments (mostly mid-write)."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
     for attempt, delay in enumerate((0.0, 0.013, 0.029)):
         run_dir = tmp_path / f"r{attempt}"
         run_dir.mkdir()

@@ -18,7 +18,7 @@ from harness.run import allocator
 from harness.suite.expand import expand_suite
 from harness.suite.files import FileError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # In a fresh interpreter (mallopt lasts for the process): malloc, touch, free and malloc, touch again 64 MiB, and
 # count the minor page faults of each touch. 64 MiB is above glibc's largest dynamic mmap threshold (32 MiB), so

@@ -40,7 +40,7 @@ params = { microbatches = 4, trace_steps = 4, replicate = false }
 def test_an_apapo_run_writes_its_plan_and_the_overlap_it_measured(tmp_path):
     suite = tmp_path / "apapo.toml"
     suite.write_text(SUITE)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**ENV, "PYTHONPATH": os.pathsep.join([str(root), ENV.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(suite), "--out", str(tmp_path / "out")],
                           env=env, capture_output=True, text=True, timeout=600)

@@ -14,7 +14,7 @@ import pytest
 from harness.cli import main
 from harness.results import read_jsonl
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
 
 HEAD = """name = "ex"

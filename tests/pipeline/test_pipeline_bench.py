@@ -10,7 +10,7 @@ import pytest
 
 from _dist import spawn
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "benchmarks" / "measure"), str(ROOT / "benchmarks" / "asv")]
 
 pytestmark = pytest.mark.slow
