@@ -82,7 +82,7 @@ def test_a_step_schedule_needs_a_planned_step_count(tmp_path):
     suite.write_text('name = "s"\nworkload = "digits-mlp"\n[budget]\nmax_train_seconds = 5\nmax_epochs = 1\n'
                      '[defaults]\nlr_schedule = "step"\n[[run]]\nmethod = "sgd"\n')
     expand_suite(suite)  # max_epochs from the suite: fine
-    suite.write_text('name = "s"\nworkload = "test_schedule:TIMED_DIGITS"\n'
+    suite.write_text('name = "s"\nworkload = "test_lr_schedule:TIMED_DIGITS"\n'
                      '[[run]]\nmethod = "sgd"\nparams = { lr_schedule = "step" }\n')
     with pytest.raises(FileError, match=r"s.toml: run\[0\].params.lr_schedule: 'step' needs a planned number"):
         expand_suite(suite)
