@@ -118,3 +118,20 @@ def test_versions_are_planned_and_held_where_a_policy_keeps_them(plans, index):
     memory = plans[f"{RUNS[index][0]}-{index}"]
     assert max(r["versions"] for r in memory["planned"].values()) > 0
     assert max(r["versions"] for r in memory["held"].values()) > 0
+
+
+def test_a_pipeline_without_step_schedules_plans_nothing_and_the_virtual_mode_plans_every_worker():
+    """A plug-in pipeline that does not give schedule_at records no plan (and so cannot run under a budget); the
+    virtual mode plans each emulated rank."""
+    from _dist import context
+
+    cls, ctx = context("gpipe", 0, 1, {"microbatches": 4, "stages": 3})
+    method = cls(ctx)
+    plans = method.memory_plan()
+    assert sorted(plans) == [0, 1, 2] and all(p.total > 0 for p in plans.values())
+
+    class NoSchedules(cls):
+        def schedule_at(self, step):
+            raise NotImplementedError("no step schedules")
+
+    assert NoSchedules(ctx).memory_plan() is None

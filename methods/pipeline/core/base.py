@@ -231,10 +231,15 @@ class PipelineMethod(Method):
         the planners (its policy's planned_versions once it exists; default: none, the live weights only)."""
         return 0
 
-    def memory_plan(self) -> dict[int, MemoryBytes]:
+    def memory_plan(self) -> dict[int, MemoryBytes] | None:
         """Per rank (every rank in the virtual mode), its stages' planned bytes, each stage holding the most
-        microbatches its schedule ever has it hold over the first 4S + 4 steps (core/memory.py)."""
-        peaks = in_flight_peaks((self.schedule_at(t) for t in range(4 * self.num_stages + 4)), self.forward_lane())
+        microbatches its schedule ever has it hold over the first 4S + 4 steps (core/memory.py). None for a
+        pipeline that does not give its step schedules (a plug-in without schedule_at): it plans nothing."""
+        try:
+            steps = [self.schedule_at(t) for t in range(4 * self.num_stages + 4)]
+        except NotImplementedError:
+            return None
+        peaks = in_flight_peaks(steps, self.forward_lane())
         out: dict[int, MemoryBytes] = {}
         for (rank, s), stage in sorted(self.workers.items()):
             out[rank] = out.get(rank, MemoryBytes()) + stage_plan(stage, self.ranges[s], self._prints,
