@@ -11,14 +11,6 @@ import torch
 
 from harness.bytesize import format_bytes
 
-#: What a rank holds, by kind. weights: parameters and buffers; gradients: the parameters' .grad; optimizer: its
-#: state (momentum, Adam's moments and steps); versions: weight versions kept besides the live ones (stashes,
-#: predictions, double buffers); activations: what autograd keeps for backwards still to run, at their peak;
-#: buffers: communication and compression state (DDP's gradient buckets, error-feedback residuals, DGC's momenta,
-#: PowerSGD's error and factors).
-KINDS = ("weights", "gradients", "optimizer", "versions", "activations", "buffers")
-
-
 #: Steps whose held bytes a method without per-step records measures (activations, gradients): shapes do not change
 #: after the first, and the saved-tensor hooks cost a little on every step they watch.
 MEASURED_STEPS = 3
@@ -68,7 +60,12 @@ class MemoryBytes:
         return ", ".join(f"{k} {format_bytes(getattr(self, k))}" for k in parts)
 
 
-assert tuple(f.name for f in fields(MemoryBytes)) == KINDS
+#: What a rank holds, by kind. weights: parameters and buffers; gradients: the parameters' .grad; optimizer: its
+#: state (momentum, Adam's moments and steps); versions: weight versions kept besides the live ones (stashes,
+#: predictions, double buffers); activations: what autograd keeps for backwards still to run, at their peak;
+#: buffers: communication and compression state (DDP's gradient buckets, error-feedback residuals, DGC's momenta,
+#: PowerSGD's error and factors).
+KINDS = tuple(f.name for f in fields(MemoryBytes))
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
