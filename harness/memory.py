@@ -3,6 +3,7 @@ autograd counter that measures activations, and the budget check (`memory_per_ra
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -11,8 +12,8 @@ import torch
 
 from harness.bytesize import format_bytes
 
-#: Steps whose held bytes a method without per-step records measures (activations, gradients): shapes do not change
-#: after the first, and the saved-tensor hooks cost a little on every step they watch.
+#: Steps whose held bytes a method without per-step records measures (FirstSteps): shapes do not change after the
+#: first, and the saved-tensor hooks cost a little on every step they watch.
 MEASURED_STEPS = 3
 
 
@@ -196,6 +197,31 @@ class SavedTensors:
 
     def __exit__(self, *exc: Any) -> None:
         self._hooks.__exit__(*exc)
+
+
+class FirstSteps:
+    """What a method holds on its first MEASURED_STEPS steps, measured, each kind at its peak: autograd's saved
+    tensors of the step's forwards and backwards (inside `watch`) and the gradients before the update (`record`)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.held = MemoryBytes()
+        self._saved: SavedTensors | None = None
+
+    def watch(self, modules: Iterable[torch.nn.Module]) -> contextlib.AbstractContextManager:
+        """The context around a step's forwards and backwards: the saved-tensor counter (the modules' weights
+        excluded) while steps are measured, else nothing."""
+        self._saved = SavedTensors(storages(modules)) if self.steps < MEASURED_STEPS else None
+        return self._saved if self._saved is not None else contextlib.nullcontext()
+
+    def record(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """After the backward, before the update: the gradients' bytes and the step's peak of saved bytes."""
+        if self._saved is None:
+            return
+        self.steps += 1
+        self.held = self.held.peak(MemoryBytes(gradients=tensor_bytes(p.grad for p in parameters),
+                                               activations=self._saved.peak))
+        self._saved = None
 
 
 def storages(modules: Iterable[torch.nn.Module]) -> set[int]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -13,17 +12,14 @@ from torch import nn
 from harness.comm.channel import Receiver, Sender
 from harness.data.tensors import Batch, TensorData
 from harness.memory import (
-    MEASURED_STEPS,
+    FirstSteps,
     LossBlock,
     MemoryBytes,
-    SavedTensors,
     chain_saved_bytes,
     footprints,
     gradient_bytes,
     optimizer_state_bytes,
     planned_optimizer_bytes,
-    storages,
-    tensor_bytes,
     weight_bytes,
 )
 from harness.method import EvalResult, Method, RunContext, StepStats, TrainParams
@@ -117,6 +113,7 @@ class Local(Method):
         if not self.virtual and ctx.rank > 0:
             self.receiver = Receiver(ctx.comm, ctx.rank - 1, shapes[self.ranges[ctx.rank][0] - 1])
         self.shapes = shapes
+        self.first_steps = FirstSteps()  # the held bytes measured on the first steps
 
     def chunk_parameters(self, c: int) -> list[nn.Parameter]:
         """Chunk c's blocks' and head's parameters (a shared block's with chunk c's: both losses train it)."""
@@ -133,9 +130,7 @@ class Local(Method):
                                    f"than the step's batch: the queue lost its order")
         y = batch.targets(ids).to(device)
         h = h.to(device)
-        watch = self._measured < MEASURED_STEPS
-        saved = SavedTensors(storages(self._modules())) if watch else contextlib.nullcontext()
-        with saved:
+        with self.first_steps.watch(self._modules()):
             losses = []
             for c in self.mine:
                 # Disjoint chunks start from a detached input. Overlapping ones cannot (u feeds chunk c's own shared
@@ -150,10 +145,7 @@ class Local(Method):
                         torch.autograd.backward(loss, inputs=inputs, retain_graph=k < len(losses) - 1)
             else:
                 torch.stack(losses).sum().backward()  # chunk inputs are detached: each loss reaches its own chunk
-        if watch:
-            self._measured += 1
-            grads = tensor_bytes(q.grad for m in self._modules() for q in m.parameters())
-            self._held = self._held.peak(MemoryBytes(gradients=grads, activations=saved.peak))
+        self.first_steps.record(q for m in self._modules() for q in m.parameters())
         if p.grad_clip is not None:
             for c in self.mine:
                 clip_gradients(self.chunk_parameters(c), p.grad_clip)
@@ -171,9 +163,6 @@ class Local(Method):
         return [self.optimizer]
 
     # -- memory: planned before the first step, measured on the first steps ----------------------------------------
-    _measured = 0
-    _held = MemoryBytes()
-
     def _modules(self) -> list[nn.Module]:
         return [m for c in self.mine for m in (self.blocks[c], self.heads[c])]
 
@@ -196,7 +185,7 @@ class Local(Method):
 
     def memory_held(self) -> dict[int, MemoryBytes]:
         now = MemoryBytes(weights=weight_bytes(self._modules()), optimizer=optimizer_state_bytes(self.optimizer))
-        return {self.ctx.rank: self._held.peak(now)}
+        return {self.ctx.rank: self.first_steps.held.peak(now)}
 
     def evaluate(self, test: TensorData) -> EvalResult | None:
         """Every chunk's head on the whole test set, through the chain; the last chunk's is the method's number."""

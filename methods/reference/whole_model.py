@@ -11,20 +11,17 @@ from torch import nn
 from harness.data.tensors import Batch, TensorData
 from harness.evaluation import evaluate_classifier
 from harness.memory import (
-    MEASURED_STEPS,
+    FirstSteps,
     LossBlock,
     MemoryBytes,
-    SavedTensors,
     chain_saved_bytes,
     footprints,
     gradient_bytes,
     optimizer_state_bytes,
     planned_optimizer_bytes,
-    storages,
-    tensor_bytes,
     weight_bytes,
 )
-from harness.method import EvalResult, Method, StepStats
+from harness.method import EvalResult, Method, RunContext, StepStats
 from harness.optim import clip_gradients
 
 
@@ -52,6 +49,10 @@ class WholeModelMethod(Method):
     def local_batch(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, labels) this rank trains on at this step."""
 
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx)
+        self.first_steps = FirstSteps()  # the held bytes measured on the first steps
+
     def local_samples(self) -> int:
         """Samples this rank trains on per step (the global batch; a data-parallel rank its shard)."""
         return self.ctx.params.batch_size
@@ -60,27 +61,16 @@ class WholeModelMethod(Method):
         x, y = self.local_batch(batch)
         x, y = x.to(self.ctx.device), y.to(self.ctx.device)
         self.optimizer.zero_grad(set_to_none=True)
-        watch = self._measured < MEASURED_STEPS
-        saved = SavedTensors(storages([self.network])) if watch else None
-        if saved is not None:
-            with saved:
-                loss = self.ctx.workload.loss(self.model(x), y)
-                loss.backward()
-        else:
+        with self.first_steps.watch([self.network]):
             loss = self.ctx.workload.loss(self.model(x), y)
             loss.backward()
         if self.clips_update:
             clip_gradients(self.model.parameters(), self.ctx.params.grad_clip)
-        grads = tensor_bytes(p.grad for p in self.network.parameters()) if watch else 0
+        self.first_steps.record(self.network.parameters())
         self.optimizer.step()
-        if saved is not None:
-            self._measured += 1
-            self._held = self._held.peak(MemoryBytes(gradients=grads, activations=saved.peak))
         return StepStats(loss=loss.item())
 
     # -- memory: planned before the first step, measured on the first steps --------------------------------------
-    _measured = 0
-    _held = MemoryBytes()
 
     def planned_buffer_bytes(self) -> int:
         """Communication and compression state this rank will hold (none: one process)."""
@@ -106,7 +96,7 @@ class WholeModelMethod(Method):
     def memory_held(self) -> dict[int, MemoryBytes]:
         now = MemoryBytes(weights=weight_bytes([self.network]), optimizer=optimizer_state_bytes(self.optimizer),
                           buffers=self.held_buffer_bytes())
-        return {self.ctx.rank: self._held.peak(now)}
+        return {self.ctx.rank: self.first_steps.held.peak(now)}
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.optimizer]

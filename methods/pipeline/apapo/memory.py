@@ -9,12 +9,12 @@ from typing import Any
 import torch
 from torch import fx
 
-from harness.bytesize import format_bytes
 from harness.memory import SavedTensors, saved_bytes
 from methods.pipeline.apapo.antichain import GraphPlan, Hardware, antichain_partition, predict
 from methods.pipeline.apapo.graph import LayerGraph, members
 from methods.pipeline.apapo.layers import TracedModel, call_node, node_inputs
 from methods.pipeline.core.memory import StageCost
+from methods.pipeline.core.plan_memory import verdict
 
 
 @dataclass(frozen=True)
@@ -104,14 +104,9 @@ def shapes(graph: LayerGraph, hardware: Hardware, workers: int, max_stages: int 
     rows = []
     for name, plan in candidates:
         need = stage_bytes(plan, memory)
-        worst = max(range(len(need)), key=need.__getitem__)
         same = chosen is not None and [s.nodes for s in plan.stages] == [s.nodes for s in chosen.stages] and \
             plan.replicas == chosen.replicas
-        why = ("chosen" if same else
-               f"does not fit: stage {worst} needs {format_bytes(need[worst])} > memory_per_rank "
-               f"{format_bytes(budget)}" if budget is not None and need[worst] > budget else
-               f"fits, not faster: {plan.slowest_s:.6g} s >= {chosen.slowest_s:.6g} s" if chosen is not None
-               else "fits")
+        why = verdict(need, budget, same, plan.slowest_s, chosen.slowest_s if chosen else None)
         rows.append({"shape": f"{name} ({len(plan.stages)} stages, replicas {plan.replicas})",
                      "replicas": plan.replicas, "predicted_s": plan.slowest_s, "stage_bytes": need, "verdict": why})
     return rows

@@ -43,23 +43,31 @@ def shape_text(ranges: Sequence[tuple[int, int]], replicas: Sequence[int]) -> st
     return f"{len(ranges)} stages " + " ".join(f"[{a},{b})x{r}" for (a, b), r in zip(ranges, replicas, strict=True))
 
 
+def verdict(stage_bytes: Sequence[int], budget: int | None, is_chosen: bool, slowest_s: float,
+            chosen_s: float | None, per: str = "") -> str:
+    """Why a candidate plan was or was not taken: 'chosen'; over the budget (its largest stage, how much); or
+    fitting but no faster than the chosen plan (`chosen_s`, its time; `per` what the times are per)."""
+    worst = max(range(len(stage_bytes)), key=stage_bytes.__getitem__)
+    if is_chosen:
+        return "chosen"
+    if budget is not None and stage_bytes[worst] > budget:
+        return (f"does not fit: stage {worst} needs {format_bytes(stage_bytes[worst])} > memory_per_rank "
+                f"{format_bytes(budget)}")
+    if chosen_s is not None:
+        return f"fits, not faster: {slowest_s:.6g} s >= {chosen_s:.6g} s{per}"
+    return "fits"
+
+
 def verdicts(candidates: Sequence[PartitionPlan], chosen: PartitionPlan | None, memory: ChainMemory,
              budget: int | None) -> list[dict[str, Any]]:
-    """Each candidate shape (the fastest plan of each stage count, budget aside) with its stages' bytes and why it
-    was not taken: over the budget (which stage, how much), or slower than the chosen plan."""
+    """Each candidate shape (the fastest plan of each stage count, budget aside) with its stages' bytes and its
+    verdict."""
     rows = []
     for plan in candidates:
         stage_bytes = memory.of(plan.ranges, plan.replicas)
-        worst = max(range(len(stage_bytes)), key=stage_bytes.__getitem__)
-        if chosen is not None and plan.ranges == chosen.ranges and plan.replicas == chosen.replicas:
-            why = "chosen"
-        elif budget is not None and stage_bytes[worst] > budget:
-            why = (f"does not fit: stage {worst} needs {format_bytes(stage_bytes[worst])} > memory_per_rank "
-                   f"{format_bytes(budget)}")
-        elif chosen is not None:
-            why = f"fits, not faster: {plan.slowest_s:.6g} s >= {chosen.slowest_s:.6g} s per minibatch"
-        else:
-            why = "fits"
+        same = chosen is not None and plan.ranges == chosen.ranges and plan.replicas == chosen.replicas
+        why = verdict(stage_bytes, budget, same, plan.slowest_s, chosen.slowest_s if chosen else None,
+                      " per minibatch")
         rows.append({"shape": shape_text(plan.ranges, plan.replicas), "ranges": [list(r) for r in plan.ranges],
                      "replicas": plan.replicas, "predicted_s": plan.slowest_s, "stage_bytes": stage_bytes,
                      "verdict": why})
