@@ -80,6 +80,32 @@ class TrainParams(BaseModel):
             raise ValueError("milestones must be increasing fractions of the budget, each between 0 and 1")
         return value
 
+    @property
+    def applied_lr(self) -> float:
+        """The lr the run's optimizers are built with, before the schedule's factor: `lr`, unless the method's
+        Params derive it from other keys (then a computed field, which spec.json records beside them: PB's
+        reference_batch). The runner logs it times the schedule's factor."""
+        return self.lr
+
+    @property
+    def applied_momentum(self) -> float:
+        """The momentum the run's optimizers are built with: `momentum`, unless derived (as applied_lr)."""
+        return self.momentum
+
+    @classmethod
+    def from_spec(cls, values: dict[str, Any]) -> TrainParams:
+        """The params of a resolved run read back from its spec.json (the worker, `dtbench rerun`): the derived
+        values spec.json records (computed fields) are left out of validation, recomputed from the keys they
+        derive from, and must equal what was recorded (ValueError naming the key otherwise). Raises pydantic's
+        ValidationError for the keys themselves, as model_validate does."""
+        derived = cls.model_computed_fields
+        params = cls.model_validate({k: v for k, v in values.items() if k not in derived})
+        for key in derived:
+            if key in values and values[key] != getattr(params, key):
+                raise ValueError(f"{key}: recorded as {values[key]!r}, but the keys it derives from give "
+                                 f"{getattr(params, key)!r}")
+        return params
+
 
 @dataclass
 class RunContext:

@@ -12,12 +12,13 @@ from harness.method import TrainParams
 def make_optimizer(parameters: Iterable[torch.nn.Parameter], params: TrainParams) -> torch.optim.Optimizer:
     """The run's optimizer from its hyperparameters: SGD (with momentum, Nesterov and weight decay when set) or AdamW
     (betas, eps, decoupled weight decay). foreach=False: the single-tensor arithmetic, so that a model cut into
-    stages, each with its own optimizer, takes bit for bit the steps of the whole model's."""
+    stages, each with its own optimizer, takes bit for bit the steps of the whole model's. The lr and momentum are
+    the applied ones (TrainParams.applied_lr: `lr` and `momentum` unless the method's Params derive them)."""
     if params.optimizer == "adamw":
-        return torch.optim.AdamW(parameters, lr=params.lr, betas=tuple(params.betas), eps=params.eps,
+        return torch.optim.AdamW(parameters, lr=params.applied_lr, betas=tuple(params.betas), eps=params.eps,
                                  weight_decay=params.weight_decay, foreach=False)
-    return torch.optim.SGD(parameters, lr=params.lr, momentum=params.momentum, weight_decay=params.weight_decay,
-                           nesterov=params.nesterov and params.momentum > 0)
+    return torch.optim.SGD(parameters, lr=params.applied_lr, momentum=params.applied_momentum,
+                           weight_decay=params.weight_decay, nesterov=params.nesterov and params.momentum > 0)
 
 
 #: The former name of make_optimizer (it built SGD only), for plugins written against it.

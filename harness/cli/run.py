@@ -156,7 +156,7 @@ def rerun_one(args: argparse.Namespace, argv: list[str]) -> int:
     path = args.run_dir / "spec.json"
     try:
         spec = RunSpec.model_validate_json(path.read_text(encoding="utf-8"))
-        check_spec(spec, path)
+        spec = check_spec(spec, path)
     except (OSError, UnicodeDecodeError) as exc:
         return fail(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}")
     except ValidationError as exc:

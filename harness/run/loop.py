@@ -105,7 +105,8 @@ class Loop:
                              f"runner cannot apply lr_schedule {self.schedule.kind!r} or a warm-up to it")
         # taken before any restore: a checkpoint's optimizer state carries the lr of its last step, not the base
         self.base_lrs = [[group["lr"] for group in optimizer.param_groups] for optimizer in self.optimizers]
-        self.lr = params.lr  # the run's lr times the factor of the last step taken
+        self.base_lr = params.applied_lr  # the lr the optimizers were built with (derived for some methods)
+        self.lr = self.base_lr  # it times the factor of the last step taken: the train records' lr
         self.step = 0
         self.last_eval: dict[str, Any] | None = None
         self._next_eval_time = spec.budget.eval_every_seconds or math.inf
@@ -197,7 +198,7 @@ class Loop:
         for optimizer, bases in zip(self.optimizers, self.base_lrs, strict=True):
             for group, base in zip(optimizer.param_groups, bases, strict=True):
                 group["lr"] = base * factor
-        self.lr = float(self.spec.params.get("lr", math.nan)) * factor
+        self.lr = self.base_lr * factor
 
     def _samples(self) -> int:
         return self.step * self.order.batch_size

@@ -212,7 +212,7 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
         write_json(run_dir / "manifest.json", info)
     startup.mark("workload")
     method_cls = registry.METHODS.get(spec.method)
-    params = method_cls.Params.model_validate(spec.params)
+    params = method_cls.Params.from_spec(spec.params)
     ctx = RunContext(rank=rank, world_size=spec.world_size, device=device, workload=instance, params=params,
                      comm=comm, seed=spec.seed, run_dir=run_dir, log=writer.write, memory_per_rank=spec.memory_per_rank)
     torch.manual_seed(spec.seed)

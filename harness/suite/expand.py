@@ -66,7 +66,13 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
         layers = [("defaults", suite.defaults)]
         if placed.group_entry is not None:
             layers.append((f"{placed.group}.defaults", placed.group_entry.defaults))
-        for field, values in layers:
+        derived = method_cls.Params.model_computed_fields  # recorded in spec.json, computed from the others
+        for field, values in [*layers, (f"{where}.params", entry.params)]:
+            for key in values:
+                if key in derived:
+                    raise FileError(f"{path}: {field}.{key}: derived by method {entry.method!r} from its other "
+                                    f"parameters, not set ({derived[key].description})")
+        for field, values in layers:  # the run's own params: pydantic's unknown key below, with the nearest
             for key in values:
                 if key not in fields:
                     close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.8)
@@ -215,10 +221,11 @@ def _check_labels(path: Path, runs: list[tuple[str, str, str, NetworkSpec | None
         first[key] = where
 
 
-def check_spec(spec: RunSpec, path: str | Path) -> None:
+def check_spec(spec: RunSpec, path: str | Path) -> RunSpec:
     """Check a resolved run spec read back from a spec.json (`dtbench rerun`) as expand_suite checks a suite's runs:
     the method and workload resolve, their params and options validate, and the world size, nodes, threads and
-    budget fit. Raises FileError naming `path` and the field."""
+    budget fit. Returns the spec with its params as its method's Params write them now (an earlier spec.json's
+    form read as today's: PB's reference_lr). Raises FileError naming `path` and the field."""
     path = Path(path)
     method_cls, _ = _lookup(path, "method", registry.METHODS, spec.method)
     workload, _ = _lookup(path, "workload", registry.WORKLOADS, spec.workload)
@@ -227,9 +234,11 @@ def check_spec(spec: RunSpec, path: str | Path) -> None:
     except ValidationError as exc:
         raise first_error(path, exc, prefix="workload_options") from None
     try:
-        params = method_cls.Params.model_validate(spec.params)
+        params = method_cls.Params.from_spec(spec.params)
     except ValidationError as exc:
         raise first_error(path, exc, prefix="params") from None
+    except ValueError as exc:  # a derived value that its keys do not give
+        raise FileError(f"{path}: params.{exc}") from None
     problem = method_cls.check_world_size(spec.world_size, params)
     if problem:
         raise FileError(f"{path}: world_size: {problem}")
@@ -248,3 +257,4 @@ def check_spec(spec: RunSpec, path: str | Path) -> None:
     problem = schedule_problem(params, budget.max_steps, budget.max_epochs)
     if problem:
         raise FileError(f"{path}: params.{problem[0]}: {problem[1]}")
+    return spec.model_copy(update={"params": params.model_dump()})

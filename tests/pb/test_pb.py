@@ -3,6 +3,8 @@ degenerate case, virtual = 2 processes, and the scaling rules."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -189,14 +191,49 @@ def test_scaling_rules_to_batch_one_and_their_record_in_the_spec(tmp_path):
     suite.write_text('name = "s"\nworkload = "digits-mlp"\n[budget]\nmax_steps = 1\n[[run]]\nmethod = "pb"\n'
                      'params = { batch_size = 1, lr = 0.05, momentum = 0.9, reference_batch = 32, stages = 3 }\n')
     (spec,) = expand_suite(suite)
-    assert spec.params["reference_lr"] == 0.05 and spec.params["reference_momentum"] == 0.9
-    assert spec.params["momentum"] == pytest.approx(0.9 ** (1 / 32)) and spec.params["lr"] < 0.05 / 32
+    # spec.json records the given lr and momentum and, beside them, the derived values the optimizer applies
+    assert spec.params["lr"] == 0.05 and spec.params["momentum"] == 0.9
+    assert spec.params["applied_momentum"] == pytest.approx(0.9 ** (1 / 32))
+    assert spec.params["applied_lr"] == scaled_hyperparameters(0.05, 0.9, 1, 32)[0] < 0.05 / 32
     from methods.pipeline.pb.pb import PBParams
 
-    again = PBParams.model_validate(spec.params)  # the worker validates spec.json again: no second scaling
-    assert again.lr == spec.params["lr"] and again.momentum == spec.params["momentum"]
-    with pytest.raises(ValueError, match="set from lr and momentum by reference_batch"):
-        PBParams(reference_lr=0.1, momentum=0.9)
+    again = PBParams.from_spec(spec.params)  # the worker reads spec.json again: derived anew, the same values
+    assert again.model_dump() == spec.params
+    assert PBParams(lr=0.05, momentum=0.9).applied_lr == 0.05  # no reference_batch: nothing derived
+    with pytest.raises(ValueError, match="applied_lr: recorded as 0.5"):
+        PBParams.from_spec({**spec.params, "applied_lr": 0.5})
+    with pytest.raises(ValueError, match="unknown key|Extra inputs"):
+        PBParams.model_validate({**spec.params})  # a derived key is not an input
+    # a spec.json of the earlier form (the scaled values as lr and momentum, the given ones as reference_*) reruns
+    old = {k: v for k, v in spec.params.items() if not k.startswith("applied_")}
+    old.update(lr=spec.params["applied_lr"], momentum=spec.params["applied_momentum"], reference_lr=0.05,
+               reference_momentum=0.9)
+    assert PBParams.from_spec(old).model_dump() == spec.params
+
+
+def test_a_derived_parameter_in_a_suite_is_refused_naming_it(tmp_path):
+    from harness.suite.expand import expand_suite
+    from harness.suite.files import FileError
+
+    suite = tmp_path / "s.toml"
+    suite.write_text('name = "s"\nworkload = "digits-mlp"\n[budget]\nmax_steps = 1\n[defaults]\napplied_lr = 0.1\n'
+                     '[[run]]\nmethod = "pb"\nparams = { batch_size = 1, reference_batch = 32, stages = 3 }\n')
+    with pytest.raises(FileError, match=r"s.toml: defaults.applied_lr: derived by method 'pb' from its other "
+                                        r"parameters, not set \(the lr the optimizer applies"):
+        expand_suite(suite)
+
+
+def test_the_loop_logs_the_applied_lr(tmp_path):
+    from harness.cli import main
+
+    suite = tmp_path / "s.toml"
+    suite.write_text('name = "s"\nworkload = "digits-mlp"\nthreads_per_rank = 1\n[budget]\nmax_steps = 2\n'
+                     '[[run]]\nmethod = "pb"\nworld_size = 3\n'
+                     'params = { batch_size = 1, lr = 0.05, momentum = 0.9, reference_batch = 32, stages = 3 }\n')
+    assert main(["run", str(suite), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    (metrics,) = (tmp_path / "out" / "s").glob("*/metrics.jsonl")
+    logged = [json.loads(line)["lr"] for line in metrics.read_text().splitlines() if '"train"' in line]
+    assert logged and set(logged) == {scaled_hyperparameters(0.05, 0.9, 1, 32)[0]}
 
 
 def test_the_groupnorm_cnn_works_at_batch_size_one():

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, computed_field, model_validator
 from torch import nn
 
 from harness.data.tensors import Batch
@@ -48,12 +48,21 @@ class PBParams(PipelineParams):
         "activations; the paper's PB); true: it recomputes the stage's forward from the stored input with the "
         "current weights (less memory, an extra forward per backward; masks and statistics from the current weights)")
     reference_batch: int | None = Field(
-        default=None, ge=1, description="scale lr and momentum from this batch size to batch_size (the paper's rules)")
-    reference_lr: float | None = Field(default=None, description="set from lr when reference_batch scales it")
-    reference_momentum: float | None = Field(default=None, description="set from momentum when reference_batch scales")
+        default=None, ge=1, description="lr and momentum are the values for this batch size; the optimizer applies "
+                                        "them scaled to batch_size by the paper's rules (applied_lr, applied_momentum)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _earlier_form(cls, data: Any) -> Any:
+        """A spec.json written before applied_lr existed recorded the scaled values as lr and momentum, and the
+        given ones as reference_lr and reference_momentum: read it as the given ones, so `dtbench rerun` reruns it."""
+        if isinstance(data, dict) and "reference_lr" in data:
+            data = dict(data)
+            data["lr"], data["momentum"] = data.pop("reference_lr"), data.pop("reference_momentum")
+        return data
 
     @model_validator(mode="after")
-    def _scale(self) -> PBParams:
+    def _consistent(self) -> PBParams:
         if self.optimizer != "sgd" and (self.compensation == "sc" or self.prediction == "lwp_v"):
             field = "compensation" if self.compensation == "sc" else "prediction"
             raise ValueError(f"optimizer = {self.optimizer!r} with {field} = {getattr(self, field)!r}: spike "
@@ -64,16 +73,24 @@ class PBParams(PipelineParams):
                              "already holds, at an extra forward: set recompute = false")
         if self.prediction == "lwp_v" and self.momentum == 0:
             raise ValueError(NO_VELOCITY)
-        if self.reference_batch is None:
-            if self.reference_lr is not None or self.reference_momentum is not None:
-                raise ValueError("reference_lr and reference_momentum are set from lr and momentum by "
-                                 "reference_batch; give reference_batch instead")
-            return self
-        if self.reference_lr is None:  # first validation: lr and momentum are the reference batch's
-            self.reference_lr, self.reference_momentum = self.lr, self.momentum
-            self.lr, self.momentum = scaled_hyperparameters(self.lr, self.momentum, self.batch_size,
-                                                            self.reference_batch)
         return self
+
+    @computed_field(description="the lr the optimizer applies: lr scaled from reference_batch to batch_size "
+                                "(scaled_hyperparameters), or lr without reference_batch")
+    @property
+    def applied_lr(self) -> float:
+        return self._applied()[0]
+
+    @computed_field(description="the momentum the optimizer applies: momentum^(batch_size / reference_batch), or "
+                                "momentum without reference_batch")
+    @property
+    def applied_momentum(self) -> float:
+        return self._applied()[1]
+
+    def _applied(self) -> tuple[float, float]:
+        if self.reference_batch is None:
+            return self.lr, self.momentum
+        return scaled_hyperparameters(self.lr, self.momentum, self.batch_size, self.reference_batch)
 
 
 class PipelinedBackprop(PipelineMethod):
@@ -87,8 +104,9 @@ class PipelinedBackprop(PipelineMethod):
     A sample's forward and backward at stage s are D_s = 2(S-1-s) updates apart (pb_delay; the last stage has none).
     After the last step the pipeline drains: 2(S-1) ticks with no new sample. Each part is switchable
     (`compensation`, `prediction`, `backward_weights`); with one stage it is momentum SGD at the same batch, bitwise.
-    `reference_batch` scales lr and momentum from that batch size to the run's (scaled_hyperparameters; spec.json
-    records both). Readings of what the abstract leaves open are in docs/methods.md.
+    With `reference_batch`, lr and momentum are that batch size's, and the optimizer applies them scaled to the
+    run's (applied_lr, applied_momentum: scaled_hyperparameters; spec.json records both). Readings of what the
+    abstract leaves open are in docs/methods.md.
     """
 
     name = "pb"
@@ -123,7 +141,7 @@ class PipelinedBackprop(PipelineMethod):
         if p.optimizer != "sgd":
             return super().make_optimizer(stage, module)
         delay = self.delay(stage) if p.compensation == "sc" else 0
-        return SpikeCompensatedSGD(module.parameters(), lr=p.lr, momentum=p.momentum, delay=delay,
+        return SpikeCompensatedSGD(module.parameters(), lr=p.applied_lr, momentum=p.applied_momentum, delay=delay,
                                    weight_decay=p.weight_decay)
 
     def make_policy(self, stage: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer
