@@ -269,7 +269,7 @@ def _check_runnable(spec: dict) -> None:
     method = registry.METHODS.get(spec["method"])
     registry.WORKLOADS.get(spec["workload"])
     assert spec["world_size"] >= 1 and 0 <= spec["seed"] < 2**32
-    assert method.check_world_size(spec["world_size"], method.Params.model_validate(spec["params"])) is None
+    assert method.check_world_size(spec["world_size"], method.Params.from_spec(spec["params"])) is None
 
 
 # --- real runs (one step each), end to end --------------------------------------------------------------------------
