@@ -14,7 +14,9 @@ reap them), which the machine's load hardly changes.
 Variants: `warm` (this tree), `spawn` (this tree with DTBENCH_START_METHOD=spawn: every rank a fresh interpreter)
 and `baseline` (the code of TREE, e.g. a `git worktree add /tmp/base main` of the commit before). It prints each
 variant's median wall and CPU seconds per case, the median per-round ratio to the first variant, and the ranks'
-start-up phases (the `startup` records of metrics.jsonl) of the last round's runs.
+start-up phases (the `startup` records of metrics.jsonl) of the last round's runs. With --torch, each case is also
+set over two floors timed in the same rounds (FLOORS): a bare `import torch`, and a fresh interpreter's one
+torch.optim.SGD step, which no run that trains with torch's optimizers can undercut.
 """
 
 from __future__ import annotations
@@ -74,11 +76,30 @@ def run_once(tree: Path, env: dict[str, str], suite: Path, out: Path) -> tuple[f
     return wall, children_cpu_s() - cpu
 
 
-def import_torch_s() -> float:
-    """Seconds of a fresh interpreter that imports torch and exits."""
+#: The floors a run stands on, each a fresh interpreter: `import torch`; and the least any training step with
+#: torch's optimizers costs, one SGD step after importing torch and torch.distributed (a torch.optim step imports
+#: torch._dynamo, in torch 2.x: `_use_grad_for_differentiable`).
+FLOORS = {
+    "import torch": "import torch",
+    "torch step": "import torch, torch.distributed\n"
+                  "model = torch.nn.Linear(32, 10)\n"
+                  "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                  "model(torch.randn(4, 32)).sum().backward()\n"
+                  "optimizer.step()\n",
+}
+
+
+def floor_s(code: str) -> float:
+    """Seconds of a fresh interpreter that runs `code` and exits."""
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True)
     return time.perf_counter() - start
+
+
+def floors_in_order(floors: dict[str, list[float]], index: int) -> list[tuple[str, str]]:
+    """The floors to time in round `index` (none without --torch), their order reversed every other round."""
+    names = list(floors) if index % 4 < 2 else list(reversed(floors))
+    return [(name, FLOORS[name]) for name in names]
 
 
 def phases(out: Path) -> dict[str, float]:
@@ -104,8 +125,9 @@ def main() -> None:
     parser.add_argument("--spawn", action="store_true", help="also measure this tree with spawned ranks")
     parser.add_argument("--cases", default="sgd,ddp,suite10,digits", help=f"comma-separated, of {', '.join(CASES)}")
     parser.add_argument("--torch", action="store_true",
-                        help="also time a bare `python -c 'import torch'` in every round, interleaved with the runs, "
-                             "and print each case's time over it (the floor any run that imports torch stands on)")
+                        help="also time, in every round and interleaved with the runs, a bare `python -c 'import "
+                             "torch'` and a fresh interpreter's one torch.optim.SGD step (FLOORS), and print each "
+                             "case's time over each (the floors any run with torch's optimizers stands on)")
     args = parser.parse_args()
     variants = {"warm": (ROOT, {})}
     if args.spawn:
@@ -121,21 +143,23 @@ def main() -> None:
         suites[case] = write_suite(folder / case, methods, seeds, workload)
     seconds: dict[tuple[str, str], list[float]] = {(c, v): [] for c in cases for v in variants}
     cpu: dict[tuple[str, str], list[float]] = {(c, v): [] for c in cases for v in variants}
-    torch_s: list[float] = []
+    floors: dict[str, list[float]] = {name: [] for name in FLOORS} if args.torch else {}
     adopt_orphans()
     try:
         for index in range(args.rounds):
             order = list(variants) if index % 2 == 0 else list(reversed(variants))
-            if args.torch and index % 2 == 0:
-                torch_s.append(import_torch_s())
+            if index % 2 == 0:
+                for name, code in floors_in_order(floors, index):
+                    floors[name].append(floor_s(code))
             for case in cases:
                 for name in order:
                     tree, env = variants[name]
                     wall, used = run_once(tree, env, suites[case], folder / case / f"out-{name}")
                     seconds[case, name].append(wall)
                     cpu[case, name].append(used)
-            if args.torch and index % 2 == 1:
-                torch_s.append(import_torch_s())
+            if index % 2 == 1:
+                for name, code in floors_in_order(floors, index):
+                    floors[name].append(floor_s(code))
             print(f"round {index + 1}/{args.rounds} (load {os.getloadavg()[0]:.2f}): " + ", ".join(
                 f"{c} {v} {seconds[c, v][-1]:.2f} s" for c in cases for v in variants), flush=True)
         first = next(iter(variants))
@@ -150,12 +174,12 @@ def main() -> None:
                         cell += f" ({statistics.median(ratios):.2f}x {first})"
                     cells.append(cell)
                 print(f"  {case:8s} " + "   ".join(cells))
-        if torch_s:
-            print(f"\nbare `import torch`: median {statistics.median(torch_s):.2f} s; each case over it, the median "
-                  f"of the per-round ratios:")
+        for name, times in floors.items():
+            print(f"\n{name}: median {statistics.median(times):.2f} s; each case over it, the median of the "
+                  f"per-round ratios:")
             for case in cases:
-                ratios = [a / b for a, b in zip(seconds[case, first], torch_s, strict=True)]
-                print(f"  {case:8s} {first} {statistics.median(ratios):.2f}x import torch")
+                ratios = [a / b for a, b in zip(seconds[case, first], times, strict=True)]
+                print(f"  {case:8s} {first} {statistics.median(ratios):.2f}x {name}")
         print("\nranks' start-up phases, last round (slowest rank per run, summed over the runs), seconds:")
         for case in cases:
             for name in variants:
