@@ -46,8 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
         if argv is None:
-            # The command line's process ends next: spare the interpreter's exit its collections over every
-            # object the imports made (about 0.25 s with torch loaded here, docs/benchmarks.md "Start-up").
+            # The command line's process ends next: its warm server (its ranks have all ended) goes first, so that
+            # no process of the command outlives it; and the interpreter's exit is spared its collections over
+            # every object the imports made (about 0.25 s with torch loaded here, docs/benchmarks.md "Start-up").
+            from harness.launch import warm
+
+            warm.stop()
             gc.freeze()
 
 
