@@ -45,7 +45,8 @@ def _by_stratum(rows: pd.DataFrame, metric: str, sign: float) -> dict[Any, np.nd
 def read_by(table: pd.DataFrame, readings: Mapping[str, str] | None) -> pd.DataFrame:
     """table with each run's final quality only in its reading's column (QUALITY): a language model's final_accuracy
     and an image classifier's final_loss become NaN, so neither is compared as the other's quality."""
-    kinds = table["workload"].astype(str).map(dict(readings or {})).fillna("accuracy")
+    reading_of = dict(readings or {})
+    kinds = table["workload"].astype(str).map(lambda workload: reading_of.get(workload, "accuracy"))
     out = table.copy()
     for reading, metric in QUALITY.items():
         if metric not in out.columns:
