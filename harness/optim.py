@@ -18,7 +18,7 @@ def make_optimizer(parameters: Iterable[torch.nn.Parameter], params: TrainParams
         return torch.optim.AdamW(parameters, lr=params.applied_lr, betas=tuple(params.betas), eps=params.eps,
                                  weight_decay=params.weight_decay, foreach=False)
     return torch.optim.SGD(parameters, lr=params.applied_lr, momentum=params.applied_momentum,
-                           weight_decay=params.weight_decay, nesterov=params.nesterov and params.momentum > 0)
+                           weight_decay=params.weight_decay, nesterov=params.nesterov and params.applied_momentum > 0)
 
 
 #: The former name of make_optimizer (it built SGD only), for plugins written against it.

@@ -209,6 +209,8 @@ def test_scaling_rules_to_batch_one_and_their_record_in_the_spec(tmp_path):
     old.update(lr=spec.params["applied_lr"], momentum=spec.params["applied_momentum"], reference_lr=0.05,
                reference_momentum=0.9)
     assert PBParams.from_spec(old).model_dump() == spec.params
+    with pytest.raises(ValueError, match="reference_lr"):  # half of the earlier form: an unknown key, not a crash
+        PBParams.from_spec({k: v for k, v in old.items() if k != "reference_momentum"})
 
 
 def test_a_derived_parameter_in_a_suite_is_refused_naming_it(tmp_path):

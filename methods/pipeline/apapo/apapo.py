@@ -204,7 +204,7 @@ class APapo(PipelineMethod):
         if p.compensation == "none":
             return super().make_optimizer(stage, module)
         delay = self.stage_delays(self.num_stages)[stage]
-        return SpikeCompensatedSGD(module.parameters(), lr=p.lr, momentum=p.momentum, delay=delay,
+        return SpikeCompensatedSGD(module.parameters(), lr=p.applied_lr, momentum=p.applied_momentum, delay=delay,
                                    weight_decay=p.weight_decay)
 
     def make_policy(self, stage: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer

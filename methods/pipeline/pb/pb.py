@@ -56,8 +56,8 @@ class PBParams(PipelineParams):
     def _earlier_form(cls, data: Any) -> Any:
         """A spec.json written before applied_lr existed recorded the scaled values as lr and momentum, and the
         given ones as reference_lr and reference_momentum: read it as the given ones, so `dtbench rerun` reruns it."""
-        if isinstance(data, dict) and "reference_lr" in data:
-            data = dict(data)
+        if isinstance(data, dict) and {"reference_lr", "reference_momentum"} <= data.keys():
+            data = dict(data)  # (one without the other is no such spec.json: its keys stay unknown, an error)
             data["lr"], data["momentum"] = data.pop("reference_lr"), data.pop("reference_momentum")
         return data
 
