@@ -96,10 +96,12 @@ def floor_s(code: str) -> float:
     return time.perf_counter() - start
 
 
-def floors_in_order(floors: dict[str, list[float]], index: int) -> list[tuple[str, str]]:
-    """The floors to time in round `index` (none without --torch), their order reversed every other round."""
+def time_floors(floors: dict[str, list[float]], index: int) -> None:
+    """Time each floor of `floors` once more (none without --torch) for round `index`, appending to its list; the
+    floors' order is reversed every other time they are timed."""
     names = list(floors) if index % 4 < 2 else list(reversed(floors))
-    return [(name, FLOORS[name]) for name in names]
+    for name in names:
+        floors[name].append(floor_s(FLOORS[name]))
 
 
 def phases(out: Path) -> dict[str, float]:
@@ -149,8 +151,7 @@ def main() -> None:
         for index in range(args.rounds):
             order = list(variants) if index % 2 == 0 else list(reversed(variants))
             if index % 2 == 0:
-                for name, code in floors_in_order(floors, index):
-                    floors[name].append(floor_s(code))
+                time_floors(floors, index)
             for case in cases:
                 for name in order:
                     tree, env = variants[name]
@@ -158,8 +159,7 @@ def main() -> None:
                     seconds[case, name].append(wall)
                     cpu[case, name].append(used)
             if index % 2 == 1:
-                for name, code in floors_in_order(floors, index):
-                    floors[name].append(floor_s(code))
+                time_floors(floors, index)
             print(f"round {index + 1}/{args.rounds} (load {os.getloadavg()[0]:.2f}): " + ", ".join(
                 f"{c} {v} {seconds[c, v][-1]:.2f} s" for c in cases for v in variants), flush=True)
         first = next(iter(variants))
