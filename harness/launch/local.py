@@ -17,7 +17,9 @@ from harness.launch import warm
 from harness.launch.failures import describe_failure, error_time
 from harness.launch.hang import StallJudge, hang_error
 from harness.launch.progress import MetricsTail
+from harness.launch.tether import Tether, Tie
 from harness.net import emulation
+from harness.net.listen import LOOPBACK, hosted_store, loopback_interface
 from harness.net.namespaces import NetworkError, enter
 from harness.run.checkpoint import STOP
 from harness.run.heartbeat import Heartbeat, SharedSlots, beat_interval
@@ -38,10 +40,14 @@ class LaunchResult:
 
 def _entry(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, argv: list[str], resume: bool,
            netns: str | None = None, network_info: dict | None = None, launched_at: float | None = None,
-           slots: SharedSlots | None = None, beat_s: float = 1.0) -> None:
+           slots: SharedSlots | None = None, beat_s: float = 1.0, tie: Tie | None = None) -> None:
     if netns is not None:  # first thing: no socket or thread may exist before the rank is in its namespace
         enter(netns)
         os.environ["GLOO_SOCKET_IFNAME"] = emulation.IFNAME
+    else:  # gloo's own connections between the ranks stay on this machine too
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
+    if tie is not None:  # the rank ends the moment its launcher does (harness/launch/tether.py)
+        tie.hold()
     # The launcher's hang watch reads this rank's progress from shared memory (harness/run/heartbeat.py).
     heartbeat = Heartbeat(slots.writer(rank) if slots is not None else None, beat_s).start()
     # SIGUSR2 on any rank (from a batch system, or a person) stops the run after a checkpoint: state preempted,
@@ -80,10 +86,12 @@ def _terminate(procs: list[multiprocessing.process.BaseProcess]) -> None:
 
 
 def launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None] | None = None,
-           argv: list[str] | None = None, resume: bool = False) -> LaunchResult:
+           argv: list[str] | None = None, resume: bool = False, lock_fd: int | None = None) -> LaunchResult:
     """Run `spec` with world_size local processes. Returns once every rank has ended.
 
     With `resume`, the ranks continue from the newest valid checkpoint in run_dir (see worker.run_rank).
+    `lock_fd`: the suite folder's lock (harness/launch/lock.py), which every rank holds a duplicate of until it
+    ends. Every rank ends as soon as this process does, however it ends (harness/launch/tether.py).
 
     The launcher hosts the rendezvous store (on a free port it picked itself), so ranks never race for a port. If a
     rank exits with an error or is killed, the remaining ranks are torn down at once and the run is marked failed,
@@ -96,10 +104,10 @@ def launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None]
     """
     start = time.monotonic()
     if spec.network is None:
-        return _launch(spec, run_dir, progress, argv, None, start, resume)
+        return _launch(spec, run_dir, progress, argv, None, start, resume, lock_fd)
     try:
         with emulation.emulated_network(spec.network, spec.world_size) as topology:
-            return _launch(spec, run_dir, progress, argv, topology, start, resume)
+            return _launch(spec, run_dir, progress, argv, topology, start, resume, lock_fd)
     except NetworkError as exc:
         error = {"message": str(exc), "rank": None}
         write_status(run_dir, "failed", error=error)
@@ -107,22 +115,23 @@ def launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None]
 
 
 def _launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None] | None, argv: list[str] | None,
-            topology: emulation.Topology | None, start: float, resume: bool = False) -> LaunchResult:
-    import torch.distributed as dist
-
-    # On an emulated network the store listens on every address, so the namespaces reach it at the root's address.
-    host = "127.0.0.1" if topology is None else "0.0.0.0"
-    store = dist.TCPStore(host, 0, spec.world_size, is_master=True, wait_for_workers=False)
-    rdzv = Rendezvous("127.0.0.1" if topology is None else topology.store_addr, store.port, store_is_external=True)
+            topology: emulation.Topology | None, start: float, resume: bool = False,
+            lock_fd: int | None = None) -> LaunchResult:
+    # The store listens on loopback only; on an emulated network, on the root's address on the ranks' network
+    # (where the namespaces reach it), and nowhere else (harness/net/listen.py).
+    host = LOOPBACK if topology is None else topology.store_addr
+    store = hosted_store(host, spec.world_size)
+    rdzv = Rendezvous(host, store.port, store_is_external=True)
     ctx = warm.context()
     spec_json = spec.model_dump_json()
     argv = list(argv if argv is not None else sys.argv)
     info = topology.describe() if topology is not None else None
     launched_at = time.time()
     slots = SharedSlots(ctx, spec.world_size)
+    tether = Tether(ctx, warm.server_pid(), lock_fd)
     procs = [warm.process(ctx, _entry, (spec_json, r, rdzv, str(run_dir), argv, resume,
                                         topology and topology.ranks[r], info, launched_at, slots,
-                                        beat_interval(spec.hang_timeout_s)), f"rank{r}")
+                                        beat_interval(spec.hang_timeout_s), tether.tie()), f"rank{r}")
              for r in range(spec.world_size)]
     tail = MetricsTail(run_dir / "metrics.jsonl")
     failure: dict | None = None
@@ -167,6 +176,7 @@ def _launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None
         _terminate(procs)
         raise
     finally:
+        tether.release()  # every rank has ended here (or was torn down)
         del store
     if progress is not None:
         tail.poll()

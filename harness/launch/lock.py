@@ -17,10 +17,11 @@ class FolderBusy(RuntimeError):
 
 
 @contextlib.contextmanager
-def suite_lock(suite_dir: Path) -> Iterator[None]:
-    """Hold suite_dir/.lock (flock, exclusive, not waiting) for the block; FolderBusy naming the holder's pid when
-    another process has it. The kernel drops the lock when its holder exits, however it exits, so a killed `dtbench
-    run` leaves nothing to clean up; the ranks never hold it (they do not inherit the descriptor)."""
+def suite_lock(suite_dir: Path) -> Iterator[int]:
+    """Hold suite_dir/.lock (flock, exclusive, not waiting) for the block, yielding its descriptor; FolderBusy naming
+    the holder's pid when another process has it. The kernel drops the lock when the last descriptor of it closes,
+    however its holders exit, so a killed `dtbench run` leaves nothing to clean up. The local launcher hands each
+    rank a duplicate of the descriptor (harness/launch/tether.py): the lock lasts until the last rank has ended."""
     suite_dir.mkdir(parents=True, exist_ok=True)
     path = suite_dir / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -35,6 +36,6 @@ def suite_lock(suite_dir: Path) -> Iterator[None]:
                              "wait for it to end, or give this run another --out") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
+        yield fd
     finally:
         os.close(fd)

@@ -42,6 +42,10 @@ class Site(BaseModel):
     sbatch: dict[str, str | int | bool] = Field(default_factory=dict, description="more #SBATCH flags")
     signal_delay_s: int = Field(default=90, ge=0, description="USR2 this long before the time limit")
     max_requeues: int = Field(default=3, ge=0, description="requeues after preemption or time-out, per run")
+    interface: str | None = Field(default=None, min_length=1,
+                                  description="multi-node runs: the network interface the ranks reach each other on "
+                                              "(gloo's GLOO_SOCKET_IFNAME; the rendezvous store listens on its "
+                                              "address where the first node's name resolves to loopback there)")
     commands: Commands = Field(default_factory=Commands)
 
 

@@ -145,11 +145,13 @@ class SlurmRun:
     argv: list[str]
     commands: dict[str, str] = field(default_factory=dict)
     max_requeues: int = 3
+    interface: str | None = None
 
     def __call__(self) -> str:
         import submitit
 
         from harness.launch.slurm_watch import StoreWatch
+        from harness.net.listen import LOOPBACK, cluster_addresses, loopback_interface
         from harness.run.checkpoint import STOP
         from harness.run.heartbeat import Heartbeat, beat_interval
         from harness.run.worker import Rendezvous, run_rank
@@ -161,7 +163,14 @@ class SlurmRun:
         restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         if dist_env.rank == 0:
             write_status(run_dir, "running", slurm_job_id=job.job_id, restarts=restarts, hosts=job.hostnames)
-        rdzv = Rendezvous(dist_env.master_addr, dist_env.master_port, store_is_external=False)
+        # The store listens on the one address the tasks dial (loopback when the job has one host), and gloo's
+        # connections go over the site's interface, or loopback (harness/net/listen.py).
+        dial, listen = cluster_addresses(dist_env.master_addr, list(job.hostnames), self.interface)
+        if self.interface and dial != LOOPBACK:
+            os.environ["GLOO_SOCKET_IFNAME"] = self.interface
+        elif dial == LOOPBACK:
+            os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
+        rdzv = Rendezvous(dial, dist_env.master_port, store_is_external=False, listen_addr=listen)
         timeout_s = RunSpec.model_validate_json(self.spec_json).hang_timeout_s
         scancel = self.commands.get("scancel", "scancel")
         watch = StoreWatch(dist_env.rank, dist_env.world_size, rdzv.master_addr, rdzv.master_port, timeout_s,
@@ -272,7 +281,7 @@ def submit(runs: list[tuple[RunSpec, Path]], suite_dir: Path, site: Site, argv: 
         executor.update_parameters(**executor_parameters(group[0][0], site))
         with executor.batch():
             jobs = [executor.submit(SlurmRun(spec.model_dump_json(), str(run_dir.resolve()), argv,
-                                             site.commands.model_dump(), site.max_requeues))
+                                             site.commands.model_dump(), site.max_requeues, site.interface))
                     for spec, run_dir in group]
         for (spec, run_dir), job in zip(group, jobs, strict=True):
             write_status(run_dir, "pending", slurm_job_id=job.job_id, submitted=utc_now())

@@ -106,12 +106,12 @@ def measure(spec: NetworkSpec, world_size: int = 2, size_bytes: int = DEFAULT_BY
 
     Raises NetworkError when the network cannot be built, RuntimeError when a probe rank fails.
     """
-    import torch.distributed as dist
+    from harness.net.listen import hosted_store
 
     if world_size < 2:
         raise ValueError("net-check needs at least 2 ranks")
     with emulated_network(spec, world_size) as topo:
-        store = dist.TCPStore("0.0.0.0", 0, world_size, is_master=True, wait_for_workers=False)
+        store = hosted_store(topo.store_addr, world_size)  # on the ranks' network only
         ctx = multiprocessing.get_context("spawn")
         out = ctx.Queue()
         procs = [ctx.Process(target=_probe, args=(r, world_size, topo.ranks[r], topo.store_addr, store.port,

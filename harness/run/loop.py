@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from harness.budget import Budget
 from harness.comm.communicator import Communicator
+from harness.comm.states import gather_states
 from harness.data.tensors import Batch, DataOrder, TensorData
 from harness.method import EvalResult, Method
 from harness.run import checkpoint, checkpoint_files
@@ -291,8 +292,7 @@ class Loop:
             metrics_bytes = os.path.getsize(self.writer.path) if self.comm.rank == 0 else 0
             if world > 1:
                 dist.barrier(group=self.comm.group)
-                states: list[Any] | None = [None] * world if self.comm.rank == 0 else None
-                dist.gather_object(mine, states, dst=0, group=self.comm.group)
+                states = gather_states(mine, dst=0, group=self.comm.group)  # no pickle: harness/comm/states.py
             else:
                 states = [mine]
             if self.comm.rank == 0:

@@ -22,12 +22,14 @@ ERROR_FILE = "error-rank{rank}.json"
 @dataclass(frozen=True)
 class Rendezvous:
     """How ranks find each other. `store_is_external`: a launcher already serves a TCPStore at addr:port
-    (the local launcher); otherwise rank 0 hosts it (SLURM, where every task is a peer)."""
+    (the local launcher); otherwise rank 0 hosts it (SLURM, where every task is a peer), listening on `listen_addr`
+    only (default: master_addr's address; harness/net/listen.py)."""
 
     master_addr: str
     master_port: int
     store_is_external: bool = True
     timeout_s: float = 120.0
+    listen_addr: str | None = None
 
 
 def _redirect_output(run_dir: Path, rank: int) -> None:
@@ -46,9 +48,13 @@ def _init_distributed(rank: int, world_size: int, rdzv: Rendezvous, backend: str
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=rdzv.timeout_s)
-    store = dist.TCPStore(rdzv.master_addr, rdzv.master_port, world_size,
-                          is_master=(rank == 0 and not rdzv.store_is_external), timeout=timeout,
-                          wait_for_workers=False)
+    if rank == 0 and not rdzv.store_is_external:  # on the one address it must serve, never on every interface
+        from harness.net.listen import hosted_store
+
+        store = hosted_store(rdzv.listen_addr or rdzv.master_addr, world_size, rdzv.master_port, rdzv.timeout_s)
+    else:
+        store = dist.TCPStore(rdzv.master_addr, rdzv.master_port, world_size, is_master=False, timeout=timeout,
+                              wait_for_workers=False)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     return dist.group.WORLD
 
@@ -109,8 +115,7 @@ def _load_checkpoint(spec, run_dir: Path, rank: int, comm) -> tuple[dict | None,
     starts over) and says which in its log; the other ranks load the file it chose, checked against the sha256 it
     verified. Collective.
     """
-    import torch.distributed as dist
-
+    from harness.comm.states import broadcast_state
     from harness.run import checkpoint, checkpoint_files
 
     shared: list = [None, None, None]  # file, sha256, record
@@ -122,8 +127,8 @@ def _load_checkpoint(spec, run_dir: Path, rank: int, comm) -> tuple[dict | None,
         if choice.found_files:
             print(f"dtbench: --resume: {choice.describe()}", flush=True)
         shared = [choice.file, choice.sha256, choice.record() if choice.found_files else None]
-    if comm.world_size > 1:  # around the Communicator, like the checkpoint's own traffic
-        dist.broadcast_object_list(shared, src=0, group=comm.group)
+    if comm.world_size > 1:  # around the Communicator, like the checkpoint's own traffic; no pickle (states.py)
+        shared = broadcast_state(shared, src=0, group=comm.group)
     name, sha256, record = shared
     if choice is not None:
         saved = choice.saved

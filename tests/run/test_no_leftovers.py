@@ -1,8 +1,11 @@
 """Once `dtbench run` exits, no process of it is left: no rank, no warm server, no resource tracker; also when it
-is interrupted."""
+is interrupted, and when it is killed with SIGKILL (its ranks follow it, and hold the suite folder's lock until they
+have ended). While it runs, it and its ranks listen on loopback only."""
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 import signal
 import subprocess
@@ -55,9 +58,14 @@ def test_no_process_of_a_run_outlives_dtbench_run(tmp_path):
     assert left == []
 
 
+#: A run that cannot end by itself before the test stops it: its step and epoch budgets far beyond any test's time
+#: (digits-mlp's own budget, 10 epochs, ended it in seconds on a quiet machine: the interrupt then came too late).
+LONG = SUITE.replace("max_steps = 3", "max_steps = 10000000\nmax_epochs = 1000000")
+
+
 def test_an_interrupted_run_leaves_no_process(tmp_path):
     path = tmp_path / "long.toml"
-    path.write_text(SUITE.replace("max_steps = 3", "max_steps = 100000"))
+    path.write_text(LONG)
     mark = f"DTBENCH_TEST_MARK_{uuid.uuid4().hex}"
     with (tmp_path / "output.txt").open("w") as output:
         proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(tmp_path),
@@ -71,6 +79,97 @@ def test_an_interrupted_run_leaves_no_process(tmp_path):
         left = [describe(pid) for pid in marked(mark)]
     assert code == 130 and "interrupted" in (tmp_path / "output.txt").read_text()
     assert left == []
+
+
+def test_a_killed_launcher_takes_every_process_with_it_and_listens_on_loopback_only(tmp_path):
+    """kill -9 of `dtbench run` in the middle of a run: its ranks, warm server and resource tracker end with it (they
+    trained on under init before, and wrote into the next run's folder); the suite folder's lock stays held while a
+    rank lives, so no new run can start into the folder meanwhile. Before the kill, the sockets the run listens on
+    are all on loopback (the store listened on every interface before)."""
+    from harness.launch.lock import FolderBusy, suite_lock
+
+    path = tmp_path / "long.toml"
+    path.write_text(LONG)
+    mark = f"DTBENCH_TEST_MARK_{uuid.uuid4().hex}"
+    run_dir = tmp_path / "left" / "ddp-digits-mlp-w2-s0"
+    with (tmp_path / "output.txt").open("w") as output:
+        proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(tmp_path),
+                                 "--quiet"], env=_env(mark), stdout=output, stderr=subprocess.STDOUT)
+        try:
+            _wait_for_training(run_dir / "metrics.jsonl", proc)
+            listening = {(pid, address) for pid in marked(mark) for address in listening_addresses(pid)}
+            ranks = [int(pid) for pid in json.loads((run_dir / "status.json").read_text())["pids"].values()]
+        finally:
+            proc.kill()
+            proc.wait()
+    # the launcher's store, and each rank's gloo listener (and a rank's own store client listens on nothing)
+    assert {pid for pid, _ in listening} >= {proc.pid, *ranks}, listening
+    assert all(address == "127.0.0.1" for _, address in listening), listening
+    # The lock is free only once no rank is left, and then everything is gone within moments.
+    deadline = time.monotonic() + 120  # a cap for a loaded machine; the processes go in well under a second here
+    while True:
+        try:
+            with suite_lock(tmp_path / "left"):
+                alive_at_release = [describe(pid) for pid in ranks if _alive(pid)]
+                break
+        except FolderBusy:
+            assert time.monotonic() < deadline, [describe(pid) for pid in marked(mark)]
+            time.sleep(0.05)
+    assert alive_at_release == []
+    while marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [describe(pid) for pid in marked(mark)] == []
+    # A new run into the folder: accepted, and nothing of the killed one writes into it.
+    path.write_text(SUITE)
+    code = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(tmp_path), "--quiet",
+                           "--resume"], env=_env(mark), capture_output=True, text=True, timeout=300)
+    assert code.returncode == 0, code.stdout + code.stderr
+    assert not list(run_dir.glob("error-rank*.json"))
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "completed"
+
+
+def _wait_for_training(metrics: Path, proc: subprocess.Popen, cap_s: float = 180) -> None:
+    """Until the run has logged a train record (its ranks are up and talking); fails if the command ended first."""
+    deadline = time.monotonic() + cap_s
+    while '"train"' not in (metrics.read_text() if metrics.exists() else ""):
+        assert proc.poll() is None, "the run ended before it trained"
+        assert time.monotonic() < deadline, "no train record within the cap"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    """Whether pid is a live process (not gone, not a zombie)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def listening_addresses(pid: int) -> list[str]:
+    """The local addresses of the TCP sockets (IPv4 and IPv6) that process `pid` listens on, read from /proc."""
+    try:
+        inodes = {os.readlink(fd)[len("socket:["):-1] for fd in (Path("/proc") / str(pid) / "fd").iterdir()
+                  if os.readlink(fd).startswith("socket:[")}
+    except OSError:
+        return []
+    found = []
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (Path("/proc") / str(pid) / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                found.append(_address(fields[1].split(":")[0]))
+    return found
+
+
+def _address(hex_address: str) -> str:
+    """/proc/net/tcp's hex address (little-endian words) as text: 0100007F -> 127.0.0.1."""
+    raw = bytes.fromhex(hex_address)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(words))
 
 
 def _env(mark: str) -> dict[str, str]:
