@@ -10,10 +10,6 @@ from pydantic_core import PydanticUndefined
 from harness import registry
 from harness.suite.spec import RunSpec, compact
 
-#: What the real run does with one run's folder (the keys of `fate`'s answers, and the order the totals name them).
-NEW, REPLACES, SKIPS, RESUMES, RESTARTS = "new", "replaces", "skips", "resumes", "restarts"
-
-
 def changed_params(spec: RunSpec) -> dict[str, Any]:
     """The run's resolved hyperparameters that differ from its method's own defaults (those the workload, the
     suite's [defaults] or the run's params set), in the method's field order; a field without a default always."""
@@ -27,51 +23,38 @@ def changed_params(spec: RunSpec) -> dict[str, Any]:
     return out
 
 
-def fate(spec: RunSpec, out: Path, resume: bool) -> tuple[str, str]:
-    """(what the real run does with `out/<suite>/<run id>/`: one of NEW, REPLACES, SKIPS, RESUMES, RESTARTS; the
-    words the listing shows), decided as harness/launch/suite.py's run_specs decides it. Reads, never writes."""
-    from harness.launch.suite import is_completed, resume_choice
-
-    run_dir = out / spec.suite / spec.run_id
-    if not run_dir.is_dir():
-        return NEW, "new"
-    if not resume:
-        return REPLACES, "replaces an earlier run"
-    if is_completed(run_dir):
-        return SKIPS, "completed earlier: skipped (--resume)"
-    choice = resume_choice(run_dir, spec)
-    if choice is not None and choice.file is not None:
-        return RESUMES, f"{choice.describe()} (--resume)"
-    why = f": {choice.describe()}" if choice is not None else ": no checkpoint of this spec"
-    return RESTARTS, f"starts over, replacing an earlier attempt{why} (--resume)"
-
-
-def listing(specs: list[RunSpec], out: Path, resume: bool) -> list[str]:
+def listing(specs: list[RunSpec], out: Path, resume: bool, overwrite: bool = False) -> list[str]:
     """The lines of `dtbench run --dry-run`: one per run (run id, method, workload, world size, seed, the params
-    that differ from the method's defaults, what happens to its folder), then the totals."""
-    lines, counts = [], dict.fromkeys((NEW, REPLACES, SKIPS, RESUMES, RESTARTS), 0)
+    that differ from the method's defaults, what happens to its folder, as harness/launch/suite.py's `decide` says
+    for the real run), then the totals."""
+    from harness.launch.suite import KINDS, decide, refusal
+
+    lines, counts = [], dict.fromkeys(KINDS, 0)
     for spec in specs:
         params = " ".join(f"{k}={compact(v)}" for k, v in changed_params(spec).items()) or "(method defaults)"
-        kind, words = fate(spec, out, resume)
+        fate = decide(spec, out, resume)
+        kind, words = fate.kind, fate.words
         counts[kind] += 1
         lines.append(f"{spec.run_id}\t{spec.method}\t{spec.workload}\tworld_size={spec.world_size}\tseed={spec.seed}"
                      f"\tparams: {params}\t[{words}]")
     suite_dir = out / specs[0].suite if specs else out
     lines.append(f"{len(specs)} runs; nothing written (--dry-run). params: the resolved hyperparameters that differ "
                  "from each method's defaults (spec.json records them all).")
-    lines.append(totals(counts, suite_dir, len(specs)))
+    refused = None if resume or overwrite else refusal(specs, out)
+    lines.append(f"The real run would refuse: {refused}" if refused else totals(counts, suite_dir, len(specs)))
     return lines
 
 
 def totals(counts: dict[str, int], suite_dir: Path, runs: int) -> str:
     """The closing sentence: what the real run would do to the folders already under `suite_dir`."""
+    from harness.launch.suite import NEW, REPLACES, RERUNS, RESTARTS, RESUMES, SKIPS
+
     if counts[NEW] == runs:
         return f"The real run would write {runs} new run folders in {suite_dir}."
-    new = f" and write {counts[NEW]} new" if counts[NEW] else ""
-    if counts[REPLACES]:
-        return (f"The real run would replace {counts[REPLACES]} earlier runs in {suite_dir}{new}; use --resume to "
-                "keep completed runs, or another --out.")
     parts = [f"{verb} {counts[kind]}{what}" for kind, verb, what in
-             ((SKIPS, "skip", " completed"), (RESUMES, "resume", " from a checkpoint"),
-              (RESTARTS, "start", " over"), (NEW, "write", " new")) if counts[kind]]
-    return f"With --resume the real run would {', '.join(parts)} in {suite_dir}."
+             ((SKIPS, "keep", " completed"), (RESUMES, "resume", " from a checkpoint"),
+              (RERUNS, "run again", " whose spec changed"), (RESTARTS, "start", " over"),
+              (REPLACES, "replace", " earlier"), (NEW, "write", " new")) if counts[kind]]
+    moved = counts[RERUNS] + counts[RESTARTS] + counts[REPLACES]
+    aside = f"; {moved} earlier folders would be moved aside to {suite_dir}/.earlier/<date>/" if moved else ""
+    return f"The real run would {', '.join(parts)} in {suite_dir}{aside}."

@@ -27,10 +27,17 @@ def add(verbs) -> None:
     run.add_argument("--nodes", type=int, metavar="N",
                      help="slurm: nodes per run for every run (world_size / N tasks on each); overrides the suite")
     run.add_argument("--only", metavar="GLOB", help="run only the runs whose run id matches this shell pattern")
-    run.add_argument("--resume", action="store_true",
-                     help="skip runs whose status.json says completed; continue the others from their newest "
-                          "checkpoint whose sha256 and spec hash verify (checkpoint.pt, else checkpoint.prev.pt), "
-                          "else rerun them from the start (docs/slurm.md)")
+    again = run.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="keep completed runs whose stored spec.json is the run the suite asks for now (a run "
+                            "whose params, budget, workload options, network, memory, seed or threads changed runs "
+                            "again, its earlier folder moved aside); continue unfinished runs from their newest "
+                            "checkpoint whose sha256 and spec hash verify (checkpoint.pt, else checkpoint.prev.pt), "
+                            "else start them over (docs/results.md)")
+    again.add_argument("--overwrite", action="store_true",
+                       help="run every run again, moving the earlier run folders aside to OUT/<suite>/.earlier/"
+                            "<date>/ (never deleted). Without --resume or --overwrite, a suite folder that holds "
+                            "completed results of these runs is refused (exit 2)")
     run.add_argument("--dry-run", action="store_true",
                      help="validate and list the runs with their params (those that differ from the method's "
                           "defaults) and what the real run would do with each run's folder under --out (new, "
@@ -78,20 +85,25 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
     if args.dry_run:
         from harness.cli.dry_run import listing
 
-        print("\n".join(listing(specs, args.out, args.resume)))
+        print("\n".join(listing(specs, args.out, args.resume, args.overwrite)))
         return 0
     problem = network_problem(specs)
     if problem:
         return fail(problem)
     from harness.launch.lock import FolderBusy, suite_lock
-    from harness.launch.suite import run_specs
+    from harness.launch.suite import ResultsExist, refusal, run_specs
 
+    if not args.resume and not args.overwrite:  # before the lock: a refused run writes nothing
+        line = refusal(specs, args.out)
+        if line:
+            return fail(line)
     try:
-        with suite_lock(args.out / specs[0].suite):
+        with suite_lock(args.out / specs[0].suite) as lock_fd:
             print(f"suite {specs[0].suite}: {len(specs)} runs -> {args.out / specs[0].suite}")
             outcomes = run_specs(specs, args.out, resume=args.resume, argv=["dtbench", *argv],
-                                 suite_file=args.suite, show_progress=not args.quiet)
-    except FolderBusy as exc:
+                                 suite_file=args.suite, show_progress=not args.quiet, overwrite=args.overwrite,
+                                 lock_fd=lock_fd)
+    except (FolderBusy, ResultsExist) as exc:
         return fail(str(exc))
     except OSError as exc:  # the results folder cannot be made or written (a file in its place, no permission)
         return fail(f"{exc.filename or args.out}: cannot write the results: {exc.strerror or exc}")
@@ -123,10 +135,11 @@ def _submit(args: argparse.Namespace, specs, argv: list[str]) -> int:
     from harness.launch.lock import suite_lock
     from harness.launch.suite import submit_specs
 
-    try:  # FolderBusy is a RuntimeError too: another dtbench run is writing to the folder
+    try:  # FolderBusy and ResultsExist are RuntimeErrors too: another dtbench run is writing to the folder, or it
+        # holds completed results and neither --resume nor --overwrite was given
         with suite_lock(args.out / specs[0].suite):
             submitted = submit_specs(specs, args.out, site, resume=args.resume, argv=["dtbench", *argv],
-                                     suite_file=args.suite)
+                                     suite_file=args.suite, overwrite=args.overwrite)
     except RuntimeError as exc:
         return fail(str(exc))
     suite_dir = args.out / specs[0].suite
@@ -170,9 +183,10 @@ def rerun_one(args: argparse.Namespace, argv: list[str]) -> int:
     from harness.launch.lock import FolderBusy, suite_lock
     from harness.launch.suite import run_specs
 
-    try:
-        with suite_lock(args.out / spec.suite):
-            outcomes = run_specs([spec], args.out, argv=["dtbench", *argv], show_progress=not args.quiet)
+    try:  # a rerun replaces an earlier rerun of the run in --out, moving it aside (never deleted)
+        with suite_lock(args.out / spec.suite) as lock_fd:
+            outcomes = run_specs([spec], args.out, argv=["dtbench", *argv], show_progress=not args.quiet,
+                                 overwrite=True, lock_fd=lock_fd)
     except FolderBusy as exc:
         return fail(str(exc))
     except OSError as exc:  # the results folder cannot be made or written (a file in its place, no permission)

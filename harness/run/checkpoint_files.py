@@ -133,6 +133,11 @@ class Choice:
         """The `resume` field of status.json and manifest.json."""
         return {"from": self.file, "step": self.step, "rejected": list(self.rejected)}
 
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Choice:
+        """The choice a `resume` record (record()) describes, without its file's hash or contents."""
+        return cls(record.get("from"), int(record.get("step") or 0), None, list(record.get("rejected") or []))
+
     def describe(self) -> str:
         """One line for the console and the rank log."""
         if self.file is not None and not self.rejected:

@@ -77,18 +77,23 @@ def test_status_on_the_results_folder_lists_its_suites(tmp_path):
     assert done.returncode == 0 and "no runs in" in done.stdout
 
 
-def test_a_new_run_of_a_suite_says_which_earlier_results_it_replaces(tmp_path):
-    from harness.launch.suite import replaced_note
+def test_a_new_run_of_a_suite_refuses_completed_results_naming_both_ways_on(tmp_path):
+    from harness.launch.suite import refusal
     from harness.suite.expand import expand_suite
 
     suite = tmp_path / "s.toml"
     suite.write_text('name = "s"\nworkload = "digits-mlp"\nseeds = [0, 1]\n[budget]\nmax_epochs = 1\n'
                      '[[run]]\nmethod = "sgd"\n')
     specs = expand_suite(suite, None, None)
-    assert replaced_note(specs, tmp_path / "out") is None
-    (tmp_path / "out" / "s" / specs[1].run_id).mkdir(parents=True)
-    note = replaced_note(specs, tmp_path / "out")
-    assert note is not None and "replaces the results of 1 of these 2 runs" in note and "--resume" in note
+    assert refusal(specs, tmp_path / "out") is None
+    run_dir = tmp_path / "out" / "s" / specs[1].run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / "status.json").write_text('{"state": "failed"}')
+    assert refusal(specs, tmp_path / "out") is None  # a failed attempt is moved aside by the new run, not refused
+    (run_dir / "status.json").write_text('{"state": "completed"}')
+    note = refusal(specs, tmp_path / "out")
+    assert note is not None and "holds completed results of 1 of these 2 runs" in note
+    assert "--resume" in note and "--overwrite" in note
 
 
 def test_a_failure_line_names_the_rank_once():

@@ -49,11 +49,20 @@ def test_a_dry_run_says_which_run_folders_the_real_run_would_replace(tmp_path, c
     before = sorted(p.name for p in (out / "t").iterdir())
     assert main(["run", str(path), "--out", str(out), "--dry-run"]) == 0
     lines = _lines(capsys)
-    assert lines[0].startswith("sgd-digits-mlp-w1-s0\t") and lines[0].endswith("\t[replaces an earlier run]")
+    assert lines[0].startswith("sgd-digits-mlp-w1-s0\t") and lines[0].endswith(
+        "\t[replaces an earlier run (moved aside)]")
     assert lines[1].endswith("\t[new]")
-    assert lines[-1] == (f"The real run would replace 2 earlier runs in {out / 't'} and write 2 new; use --resume to "
-                         "keep completed runs, or another --out.")
+    assert lines[-1] == (f"The real run would replace 2 earlier, write 2 new in {out / 't'}; 2 earlier folders would "
+                         f"be moved aside to {out / 't'}/.earlier/<date>/.")
     assert sorted(p.name for p in (out / "t").iterdir()) == before  # nothing written, nothing removed
+    # Completed results: the real run would refuse them without --resume or --overwrite, and the dry run says so.
+    (out / "t" / "sgd-digits-mlp-w1-s0" / "status.json").write_text(json.dumps({"state": "completed"}))
+    assert main(["run", str(path), "--out", str(out), "--dry-run"]) == 0
+    last = _lines(capsys)[-1]
+    assert last.startswith(f"The real run would refuse: {out / 't'}: holds completed results of 1 of these 4 runs")
+    assert "--resume" in last and "--overwrite" in last
+    assert main(["run", str(path), "--out", str(out), "--dry-run", "--overwrite"]) == 0
+    assert _lines(capsys)[-1].startswith("The real run would replace 2 earlier, write 2 new")
 
 
 def test_with_resume_a_dry_run_says_which_runs_are_skipped_resumed_or_started_over(tmp_path, capsys):
@@ -77,10 +86,16 @@ def test_with_resume_a_dry_run_says_which_runs_are_skipped_resumed_or_started_ov
     lines = _lines(capsys)
     assert lines[0].endswith("\t[completed earlier: skipped (--resume)]")
     assert lines[1].endswith("\t[resuming from its checkpoint.pt at step 7 (--resume)]")
-    assert "\t[starts over, replacing an earlier attempt: no checkpoint of this spec (--resume)]" in lines[2]
+    assert "\t[starts over, the earlier attempt moved aside: no checkpoint of this spec (--resume)]" in lines[2]
     assert lines[3].endswith("\t[new]")
-    assert lines[-1] == (f"With --resume the real run would skip 1 completed, resume 1 from a checkpoint, start 1 "
-                         f"over, write 1 new in {out / 't'}.")
+    assert lines[-1] == (f"The real run would keep 1 completed, resume 1 from a checkpoint, start 1 over, write 1 new "
+                         f"in {out / 't'}; 1 earlier folders would be moved aside to {out / 't'}/.earlier/<date>/.")
+    # A completed run whose stored spec is not the one asked for now is not kept: it runs again.
+    changed = specs[completed.name].model_copy(update={"params": {**specs[completed.name].params, "lr": 0.3}})
+    (completed / "spec.json").write_text(json.dumps(changed.model_dump(mode="json")))
+    assert main(["run", str(path), "--out", str(out), "--dry-run", "--resume"]) == 0
+    assert _lines(capsys)[0].endswith("\t[completed earlier with another spec (params.lr 0.3 -> 0.1): runs again, "
+                                      "the earlier results moved aside (--resume)]")
 
 
 def test_by_seed_runs_the_first_seed_of_every_run_first(tmp_path, capsys):
