@@ -36,10 +36,10 @@ CORE_MODULES = (
     "harness.registry", "harness.method", "harness.comm.communicator", "harness.workloads.builtin",
 )
 
-#: What the built-in workloads import to load their data: joblib, which holds the digits split on disk. scikit-learn
-#: (about 0.8 s) is left out: digits needs it only when that cache is cold (harness/data/sources.py), and a server
-#: imports before the first rank can start.
-DATA_MODULES = ("joblib",)
+#: What the built-in workloads import to load their data beyond torch: nothing. The digits split is read from its
+#: cache as tensors (harness/data/sources.py); scikit-learn (about 0.8 s) is needed only when that cache is cold, and
+#: a server imports before the first rank can start.
+DATA_MODULES: tuple[str, ...] = ()
 
 #: The signals that ask a rank to stop after a checkpoint (harness/run/checkpoint.py's STOP handles them).
 STOP_SIGNALS = frozenset({signal.SIGUSR2})
@@ -105,6 +105,13 @@ def stop() -> None:
     if hasattr(tracker, "_stop"):
         tracker._stop()  # its last holder of the pipe gone, it checks for leaks and exits: reaped here
     _started.clear()
+
+
+def server_pid() -> int | None:
+    """The pid of the forkserver this process started, or None (none started, or spawn)."""
+    if not _started:
+        return None
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
 
 
 def context() -> BaseContext:
