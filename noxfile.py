@@ -94,7 +94,10 @@ def smoke(session: nox.Session) -> None:
     out = session.posargs[0] if session.posargs else "results"
     dtbench = str(bin_dir / "dtbench")
     # Exit 1 (some run failed or diverged) still gets its report, which lists the failures; the session fails after.
-    session.run(dtbench, "run", "suites/smoke.toml", "--out", out, success_codes=[0, 1], external=True)
+    # --overwrite: a smoke run again into the same folder runs every run again, the earlier results moved aside to
+    # <out>/smoke/.earlier/<date>/ (kept, never deleted: docs/results.md).
+    session.run(dtbench, "run", "suites/smoke.toml", "--out", out, "--overwrite", success_codes=[0, 1],
+                external=True)
     session.run(dtbench, "report", f"{out}/smoke", external=True)
     _where_dtbench(session, bin_dir)
     session.log(f"the report: {Path(out, 'smoke', 'report', 'index.html').resolve()}")

@@ -160,7 +160,8 @@ def stop_and_resume(sweep: Sweep, method: str, signum: int) -> Outcome:
 def _resume(out: Path, suite: Path, run_dir: Path, reference: Path, before: str, detect: float | None) -> Outcome:
     code, text = dtbench("run", str(suite), "--out", str(out), "--quiet", "--resume", timeout=180)
     status = read_status(run_dir)
-    said = [line.strip().split(": ", 1)[-1] for line in text.splitlines() if "(--resume)" in line]
+    # the run's last line names the checkpoint rank 0 loaded: "[1/1] RUN: completed in 3.1 s (resuming from ...)"
+    said = [m.group(1) for m in re.finditer(r" in [0-9.]+ s \((.*)\)$", text, re.MULTILINE)]
     outcome = f"{_short(before)}; resumed: {status.get('state')}" + (f" ({said[0][:150]})" if said else "")
     if code != 0 or status.get("state") != "completed":
         return Outcome(outcome, f"the resumed run ended {status.get('state')!r} (exit {code})", detect)

@@ -52,7 +52,7 @@ def totals(counts: dict[str, int], suite_dir: Path, runs: int) -> str:
     if counts[NEW] == runs:
         return f"The real run would write {runs} new run folders in {suite_dir}."
     parts = [f"{verb} {counts[kind]}{what}" for kind, verb, what in
-             ((SKIPS, "keep", " completed"), (RESUMES, "resume", " from a checkpoint"),
+             ((SKIPS, "keep", " completed"), (RESUMES, "resume", " in their folders"),
               (RERUNS, "run again", " whose spec changed"), (RESTARTS, "start", " over"),
               (REPLACES, "replace", " earlier"), (NEW, "write", " new")) if counts[kind]]
     moved = counts[RERUNS] + counts[RESTARTS] + counts[REPLACES]

@@ -41,7 +41,8 @@ KINDS = (NEW, SKIPS, RESUMES, RESTARTS, RERUNS, REPLACES)
 @dataclass
 class Fate:
     """What happens to one run's folder: `kind` (NEW ... REPLACES), the words a person reads, and for RESUMES the
-    checkpoint choice. Every kind but NEW, SKIPS and RESUMES moves an existing folder aside first (Aside)."""
+    launcher's checkpoint choice (which may be none valid: the run then restarts at step 0 in its folder). Every kind
+    but NEW, SKIPS and RESUMES moves an existing folder aside first (Aside)."""
 
     kind: str
     words: str
@@ -97,10 +98,9 @@ def decide(spec: RunSpec, out: Path, resume: bool) -> Fate:
         return Fate(RERUNS, f"completed earlier with another spec ({change}): runs again, the earlier results moved "
                             "aside (--resume)")
     choice = resume_choice(run_dir, spec)
-    if choice is not None and choice.file is not None:
+    if choice is not None:  # in its folder: from the newest valid checkpoint, or from step 0 past damaged ones
         return Fate(RESUMES, f"{choice.describe()} (--resume)", choice)
-    why = f": {choice.describe()}" if choice is not None else ": no checkpoint of this spec"
-    return Fate(RESTARTS, f"starts over, the earlier attempt moved aside{why} (--resume)")
+    return Fate(RESTARTS, "starts over, the earlier attempt moved aside: no checkpoint of this spec (--resume)")
 
 
 def refusal(specs: list[RunSpec], out: Path) -> str | None:
@@ -159,7 +159,7 @@ def run_specs(specs: list[RunSpec], out: Path, resume: bool = False, argv: list[
             outcomes.append(RunOutcome(spec, state, status.get("error"), 0.0))
             continue
         if fate.kind == RESUMES:  # rank 0 checks and loads the file itself: the run's last line names the one used
-            tqdm.write(f"{prefix}: continues from a checkpoint (--resume)")
+            tqdm.write(f"{prefix}: resuming in its folder (--resume)")
         elif fate.kind in (RERUNS, RESTARTS):
             tqdm.write(f"{prefix}: {fate.words}")
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -261,7 +262,7 @@ def test_resume_past_a_corrupt_checkpoint_uses_the_previous_one_and_ends_as_an_u
     console = _resume(suite, out, capsys)
     _same_as(reference, run_dir)
     said = f"rejected checkpoint.pt: sha256 mismatch; resuming from checkpoint.prev.pt at step {STEPS - EVERY}"
-    assert f"{run_dir.name}: {said} (--resume)" in console
+    assert re.search(rf"{run_dir.name}: completed in [0-9.]+ s \({re.escape(said)}\)$", console, re.MULTILINE)
     assert f"dtbench: --resume: {said}" in (run_dir / "logs" / "rank0.log").read_text()
     assert "dtbench: --resume: from checkpoint.prev.pt" in (run_dir / "logs" / "rank1.log").read_text()
     record = {"from": "checkpoint.prev.pt", "step": STEPS - EVERY,
@@ -276,6 +277,29 @@ def test_resume_past_a_corrupt_checkpoint_uses_the_previous_one_and_ends_as_an_u
 
 
 @pytest.mark.slow
+def test_the_console_names_the_checkpoint_rank_0_loaded_not_the_launchers_choice(tmp_path, reference, capsys):
+    """A checkpoint.pt whose sidecar was rewritten to match bytes that are no checkpoint: the launcher, which checks
+    size and sha256 only, would pick it; rank 0 loads it, rejects it and falls back. The console says what rank 0
+    did (before: 'resuming from its checkpoint.pt at step 40', the launcher's choice)."""
+    suite, out = _suite(tmp_path), tmp_path / "out"
+    assert main(["run", str(suite), "--out", str(out), "--quiet"]) == 0
+    run_dir = _run_dir(out)
+    _job_died(run_dir)
+    current = run_dir / files.CURRENT
+    current.write_bytes(b"not a checkpoint, but its sidecar says it is")
+    meta = json.loads(files.sidecar(current).read_text())
+    meta.update(sha256=files.file_sha256(current), bytes=current.stat().st_size)
+    files.sidecar(current).write_text(json.dumps(meta))
+    assert files.choose(run_dir, meta["spec_sha256"]).file == files.CURRENT  # the launcher's unloaded choice
+
+    console = _resume(suite, out, capsys)
+    _same_as(reference, run_dir)
+    (line,) = [line for line in console.splitlines() if f"{run_dir.name}: completed in" in line]
+    assert "rejected checkpoint.pt: does not load" in line
+    assert line.endswith(f"resuming from checkpoint.prev.pt at step {STEPS - EVERY})")
+
+
+@pytest.mark.slow
 def test_resume_with_every_checkpoint_damaged_restarts_from_scratch_and_says_so(tmp_path, reference, capsys):
     suite, out = _suite(tmp_path), tmp_path / "out"
     assert main(["run", str(suite), "--out", str(out), "--quiet"]) == 0
@@ -287,7 +311,7 @@ def test_resume_with_every_checkpoint_damaged_restarts_from_scratch_and_says_so(
     console = _resume(suite, out, capsys)
     _same_as(reference, run_dir)
     assert "no valid checkpoint (checkpoint.pt: truncated: " in console
-    assert "checkpoint.prev.pt: sha256 mismatch); restarting from step 0 (--resume)" in console
+    assert "checkpoint.prev.pt: sha256 mismatch); restarting from step 0)" in console
     assert "restarting from step 0" in (run_dir / "logs" / "rank0.log").read_text()
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "completed" and status["resume"]["from"] is None and status["resume"]["step"] == 0

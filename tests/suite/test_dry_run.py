@@ -88,7 +88,7 @@ def test_with_resume_a_dry_run_says_which_runs_are_skipped_resumed_or_started_ov
     assert lines[1].endswith("\t[resuming from its checkpoint.pt at step 7 (--resume)]")
     assert "\t[starts over, the earlier attempt moved aside: no checkpoint of this spec (--resume)]" in lines[2]
     assert lines[3].endswith("\t[new]")
-    assert lines[-1] == (f"The real run would keep 1 completed, resume 1 from a checkpoint, start 1 over, write 1 new "
+    assert lines[-1] == (f"The real run would keep 1 completed, resume 1 in their folders, start 1 over, write 1 new "
                          f"in {out / 't'}; 1 earlier folders would be moved aside to {out / 't'}/.earlier/<date>/.")
     # A completed run whose stored spec is not the one asked for now is not kept: it runs again.
     changed = specs[completed.name].model_copy(update={"params": {**specs[completed.name].params, "lr": 0.3}})
