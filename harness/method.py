@@ -169,6 +169,14 @@ class Method(abc.ABC):
         return None
 
     @classmethod
+    def batch_split(cls, world_size: int, params: TrainParams) -> tuple[int, str, str] | None:
+        """How the method cuts a step's global batch, for validation to refuse a cut that leaves a part without a
+        sample: (parts, the parameter to name when batch_size is smaller, what the parts are in words), e.g. DDP's
+        (world_size, 'batch_size', 'data-parallel shards, one per rank'). Default None: every part of the method
+        sees the whole batch (or one microbatch of it at a time)."""
+        return None
+
+    @classmethod
     def check_model(cls, world_size: int, params: TrainParams, model: Callable[[], nn.Sequential]
                     ) -> tuple[str, str] | None:
         """None if the method can cut the workload's model as `params` and `world_size` ask, else (the field that

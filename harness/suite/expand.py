@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 from harness import registry
 from harness.bytesize import parse_bytes
 from harness.net.spec import NetworkSpec
-from harness.run.lr_schedule import schedule_problem
+from harness.suite.checks import Host, Problem, RunShape, oversubscription, run_problem
 from harness.suite.files import FileError, first_error
 from harness.suite.groups import PlacedRun, check_baseline, placed_runs
 from harness.suite.labels import LabelInputs, default_labels
@@ -28,16 +29,21 @@ def _lookup(path: Path, field: str, kind: registry.Registry, name: str):
         raise FileError(f"{path}: {field}: {exc}") from None
 
 
-def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec | None = None) -> list[RunSpec]:
+def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec | None = None,
+                 launcher: str = "local") -> list[RunSpec]:
     """Validate a suite file and expand it into one RunSpec per run and seed, in file order: the top-level [[run]]s,
     then each [[group]]'s runs (harness/suite/groups.py), each once per seed.
 
-    Checks every method name, workload name, method and workload parameter, world size, and the stages or chunks
-    a method asks of the workload's blocks (without data: the model on the meta device). Any problem raises
-    FileError naming the file and the field; nothing is written by this function. `network` (from --network)
-    replaces the suite's and every run's network.
+    Checks every method name, workload name, method and workload parameter, world size, and the rules of
+    harness/suite/checks.py: the stages or chunks a method asks of the workload's blocks (without data: the model on
+    the meta device), the batch against the training set and its split, the budget, the ranks' layout, and for the
+    local `launcher` this machine's CPUs (warning once per run whose threads outnumber its cores; `launcher`
+    "slurm": the cluster's nodes are not this machine, so none of that). Any problem raises FileError naming the
+    file and the field; nothing is written by this function. `network` (from --network) replaces the suite's and
+    every run's network.
     """
     path = Path(path)
+    host = Host.here() if launcher == "local" else None
     suite, _doc = load_suite_file(path)
     if suite.workload is not None:
         _lookup(path, "workload", registry.WORKLOADS, suite.workload)
@@ -88,30 +94,21 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
             key = str(exc.errors()[0]["loc"][0]) if exc.errors()[0]["loc"] else ""
             error = first_error(path, exc, prefix=placed.param_field(key, suite.defaults), model=method_cls.Params)
             raise FileError(f"{error} (run {where}, method {entry.method!r})") from None
-        problem = method_cls.check_world_size(entry.world_size, params)
-        if problem:
-            raise FileError(f"{path}: {where}.world_size: {problem} (method {entry.method!r})")
-        _check_model(path, placed, suite, method_cls, params, (workload_name, workload, resolved_options))
         nodes = entry.nodes or suite.nodes
-        if entry.world_size % nodes:
-            raise FileError(f"{path}: {where + '.nodes' if entry.nodes else 'nodes'}: world_size "
-                            f"{entry.world_size} of {where} is not divisible by {nodes} nodes")
-
         budget = (entry.budget.over(suite.budget) if entry.budget else suite.budget).over(workload.budget)
-        if budget.max_epochs is None and budget.max_steps is None and budget.max_train_seconds is None:
-            raise FileError(f"{path}: budget: give at least one of max_epochs, max_steps, max_train_seconds")
-        problem = schedule_problem(params, budget.max_steps, budget.max_epochs)
-        if problem:
-            key, why = problem
-            origin = placed.param_field(key, suite.defaults, fallback="defaults")
-            raise FileError(f"{path}: {origin}.{key}: {why} (run {where}, method {entry.method!r})")
         threads = entry.threads_per_rank if entry.threads_per_rank is not None else suite.threads_per_rank
         if threads is None:  # not `or`: a run's 0 or [] is an error below, not "unset"
             threads = default_threads(entry.world_size)
         cpus = entry.cpus_per_rank
-        problem = rank_layout_problem(threads, cpus, entry.world_size)
+        shape = RunShape(method_cls, params, entry.world_size, workload, resolved_options, threads, cpus, nodes,
+                         budget)
+        problem = run_problem(shape, host)
         if problem:
-            raise FileError(f"{path}: {where}.{problem}")
+            raise FileError(f"{path}: {_field_of(problem, placed, suite)}: {problem.message}"
+                            f"{_context(problem, placed, workload_name)}")
+        crowded = oversubscription(shape, host)
+        if crowded:
+            warnings.warn(f"{path}: {where} ({entry.method}): {crowded}", stacklevel=2)
         run_network = network or entry.network or suite.network
         memory_field = f"{where}.memory_per_rank" if entry.memory_per_rank is not None else "memory_per_rank"
         memory_value = entry.memory_per_rank if entry.memory_per_rank is not None else suite.memory_per_rank
@@ -160,40 +157,35 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
     return specs
 
 
-def _check_model(path: Path, placed: PlacedRun, suite: SuiteFile, method_cls, params,
-                 workload_of: tuple[str, Any, dict[str, Any]]) -> None:
-    """What the method asks of the workload's model (stages, chunks against its blocks), on the model built on the
-    meta device, for workloads that give one (Workload.make_model). Raises FileError naming the field."""
-    name, workload, options = workload_of
-    entry = placed.entry
-    if getattr(workload, "make_model", None) is None:
-        return
-
-    def model():
-        try:
-            return workload.meta_model(options)
-        except ValueError as exc:
-            raise FileError(f"{path}: {placed.options_field}: {exc}") from None
-
-    problem = method_cls.check_model(entry.world_size, params, model)
-    if problem:
-        key, reason = problem
-        if key == "world_size":
-            field = f"{placed.where}.world_size"
-        else:
-            field = f"{placed.param_field(key, suite.defaults)}.{key}"
-        raise FileError(f"{path}: {field}: {reason} (workload {name!r})")
+def _field_of(problem: Problem, placed: PlacedRun, suite: SuiteFile) -> str:
+    """The suite file's field that set what `problem` (harness/suite/checks.py) names: a parameter where the run,
+    its group or [defaults] set it; a layout key where the run set it, else the suite's top-level key."""
+    where, entry = placed.where, placed.entry
+    if problem.field.startswith("params."):
+        key = problem.field.removeprefix("params.")
+        fallback = "defaults" if problem.check == "schedule" else None
+        return f"{placed.param_field(key, suite.defaults, fallback=fallback)}.{key}"
+    if problem.field == "workload_options":
+        return placed.options_field
+    if problem.field == "nodes":
+        return f"{where}.nodes" if entry.nodes else "nodes"
+    if problem.field == "threads_per_rank" and entry.threads_per_rank is None and suite.threads_per_rank is not None:
+        return "threads_per_rank"
+    if problem.field == "budget":
+        return "budget"
+    return f"{where}.{problem.field}"
 
 
-def rank_layout_problem(threads: int | list[int], cpus: list[list[int]] | None, world_size: int) -> str | None:
-    """'<field>: <why>' when the per-rank threads or CPU lists do not fit `world_size` ranks, else None: a count >= 1
-    or one per rank; one non-empty list of CPU ids per rank."""
-    counts = threads if isinstance(threads, list) else [threads]
-    if not counts or any(c < 1 for c in counts) or (isinstance(threads, list) and len(threads) != world_size):
-        return f"threads_per_rank: give a count >= 1, or a list of one per rank ({world_size}), got {threads}"
-    if cpus is not None and (len(cpus) != world_size or any(not c or min(c) < 0 for c in cpus)):
-        return f"cpus_per_rank: give one non-empty list of CPU ids per rank ({world_size}), got {cpus}"
-    return None
+def _context(problem: Problem, placed: PlacedRun, workload: str) -> str:
+    """What a suite's error adds after the problem: the method, or the workload whose model or data is too small."""
+    method = placed.entry.method
+    if problem.check == "method":
+        return f" (method {method!r})"
+    if problem.check == "model":
+        return f" (workload {workload!r})"
+    if problem.check in ("schedule", "batch"):
+        return f" (run {placed.where}, method {method!r})"
+    return ""
 
 
 def label_inputs(method_name: str, fields: dict[str, Any]) -> LabelInputs:
@@ -222,10 +214,12 @@ def _check_labels(path: Path, runs: list[tuple[str, str, str, NetworkSpec | None
 
 
 def check_spec(spec: RunSpec, path: str | Path) -> RunSpec:
-    """Check a resolved run spec read back from a spec.json (`dtbench rerun`) as expand_suite checks a suite's runs:
-    the method and workload resolve, their params and options validate, and the world size, nodes, threads and
-    budget fit. Returns the spec with its params as its method's Params write them now (an earlier spec.json's
-    form read as today's: PB's reference_lr). Raises FileError naming `path` and the field."""
+    """Check a resolved run spec read back from a spec.json (`dtbench rerun`, which runs locally) as expand_suite
+    checks a suite's runs, with the same rules (harness/suite/checks.py): the method and workload resolve, their
+    params and options validate, and the world size, model, nodes, budget, batch, threads and this machine's CPUs
+    fit (a warning when its threads outnumber the cores). Returns the spec with its params as its method's Params
+    write them now (an earlier spec.json's form read as today's: PB's reference_lr). Raises FileError naming `path`
+    and the field."""
     path = Path(path)
     method_cls, _ = _lookup(path, "method", registry.METHODS, spec.method)
     workload, _ = _lookup(path, "workload", registry.WORKLOADS, spec.workload)
@@ -239,22 +233,17 @@ def check_spec(spec: RunSpec, path: str | Path) -> RunSpec:
         raise first_error(path, exc, prefix="params") from None
     except ValueError as exc:  # a derived value that its keys do not give
         raise FileError(f"{path}: params.{exc}") from None
-    problem = method_cls.check_world_size(spec.world_size, params)
-    if problem:
-        raise FileError(f"{path}: world_size: {problem}")
-    if spec.nodes < 1 or spec.world_size % spec.nodes:
-        raise FileError(f"{path}: nodes: {spec.nodes} does not divide world_size {spec.world_size}")
-    problem = rank_layout_problem(spec.threads_per_rank, spec.cpus_per_rank, spec.world_size)
-    if problem:
-        raise FileError(f"{path}: {problem}")
     for field in ("log_every_steps", "checkpoint_every_steps"):
         value = getattr(spec, field)
         if value is not None and value < 1:
             raise FileError(f"{path}: {field}: give a count >= 1, got {value}")
-    budget = spec.budget
-    if budget.max_epochs is None and budget.max_steps is None and budget.max_train_seconds is None:
-        raise FileError(f"{path}: budget: give at least one of max_epochs, max_steps, max_train_seconds")
-    problem = schedule_problem(params, budget.max_steps, budget.max_epochs)
+    host = Host.here()
+    shape = RunShape(method_cls, params, spec.world_size, workload, spec.workload_options, spec.threads_per_rank,
+                     spec.cpus_per_rank, spec.nodes, spec.budget)
+    problem = run_problem(shape, host)
     if problem:
-        raise FileError(f"{path}: params.{problem[0]}: {problem[1]}")
+        raise FileError(f"{path}: {problem.field}: {problem.message}")
+    crowded = oversubscription(shape, host)
+    if crowded:
+        warnings.warn(f"{path}: {spec.run_id}: {crowded}", stacklevel=2)
     return spec.model_copy(update={"params": params.model_dump()})

@@ -137,30 +137,52 @@ def _imagenet_resnet50(options: ImageNetOptions, data_root: str | None) -> Insta
     return Instance(train, test, lambda: _imagenet_resnet50_model(options, classes), classes=classes)
 
 
+#: The digits training set's size: sklearn's 1797 images less the 20% held out (sources.digits' stratified split,
+#: test_size=0.2: 360 test images), without importing scikit-learn (tests/suite/test_run_checks.py checks it).
+DIGITS_TRAIN_SAMPLES = 1437
+#: CIFAR-10's training set, whichever layout it is read from (harness/data/cifar10.py).
+CIFAR10_TRAIN_SAMPLES = 50_000
+
+
+def _digits_samples(options: BaseModel) -> int:
+    return DIGITS_TRAIN_SAMPLES
+
+
+def _synthetic_samples(options: SyntheticOptions) -> int:
+    return options.num_train
+
+
+def _cifar10_samples(options: ResNetOptions) -> int:
+    return CIFAR10_TRAIN_SAMPLES
+
+
 _DIGITS_BUDGET = Budget(max_epochs=10, eval_every_epochs=1, target_accuracy=0.95)
 
 DIGITS_MLP = Workload(
     "digits-mlp", "sklearn digits (8x8, 10 classes)", "MLP 64-128-128-10",
     "the embedded default: 1437 train / 360 test images, CPU seconds per run",
-    _digits_mlp, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9}, make_model=_digits_mlp_model)
+    _digits_mlp, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9}, make_model=_digits_mlp_model,
+    train_samples=_digits_samples)
 DIGITS_CNN = Workload(
     "digits-cnn", "sklearn digits (8x8, 10 classes)", "CNN conv16-conv32-fc64-10", "digits with a small CNN",
-    _digits_cnn, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9}, DigitsCNNOptions, _digits_cnn_model)
+    _digits_cnn, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9}, DigitsCNNOptions, _digits_cnn_model,
+    _digits_samples)
 SYNTHETIC_MLP = Workload(
     "synthetic-mlp", "synthetic Gaussian, teacher-labelled", "MLP (sizes as options)",
     "random data of any size, for performance work", _synthetic_mlp,
     Budget(max_epochs=5, eval_every_epochs=1, target_accuracy=0.8),
-    {"batch_size": 128, "lr": 0.05, "momentum": 0.9}, SyntheticOptions, _synthetic_mlp_model)
+    {"batch_size": 128, "lr": 0.05, "momentum": 0.9}, SyntheticOptions, _synthetic_mlp_model, _synthetic_samples)
 DIGITS_RESNET = Workload(
     "digits-resnet", "sklearn digits (8x8, 10 classes)", "ResNet-20 with GroupNorm (depth and norm as options)",
     "a model whose layer graph is not a chain (skip connections), small enough for CPU studies",
     _digits_resnet, _DIGITS_BUDGET, {"batch_size": 32, "lr": 0.05, "momentum": 0.9}, DigitsResNetOptions,
-    _digits_resnet_model)
+    _digits_resnet_model, _digits_samples)
 CIFAR10_RESNET20 = Workload(
     "cifar10-resnet20", "CIFAR-10 (local files)", "ResNet-20 (He et al. 2016, 0.27M params; depth an option)",
     "the standard CIFAR study; needs the dataset on disk (see docs/data.md)", _cifar10_resnet20,
     Budget(max_epochs=160, eval_every_epochs=1, target_accuracy=0.91),
-    {"batch_size": 128, "lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}, ResNetOptions, _cifar10_resnet20_model)
+    {"batch_size": 128, "lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}, ResNetOptions, _cifar10_resnet20_model,
+    _cifar10_samples)
 #: The same workload under a name that does not fix the depth (the target stays ResNet-20's: set a deeper one's).
 CIFAR10_RESNET = dataclasses.replace(
     CIFAR10_RESNET20, name="cifar10-resnet",

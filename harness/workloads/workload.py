@@ -38,7 +38,9 @@ class Workload:
     """A registered workload. `build(options, data_root)` makes the Instance of one run; `Options` validates the
     suite's `workload_options`; `budget` and `hyperparameters` are defaults a suite may override. `make_model(options)`,
     optional, is the model alone, without data: validation builds it on the meta device to check what methods ask of
-    its blocks (a pipeline's stages, local's chunks) before a run starts; without it those checks wait for the run."""
+    its blocks (a pipeline's stages, local's chunks) before a run starts; without it those checks wait for the run.
+    `train_samples(options)`, optional, is the training set's size known without loading the data: validation
+    refuses a global batch larger than it (without it, or where it gives None, the run's data loader does)."""
 
     name: str
     dataset: str
@@ -49,6 +51,7 @@ class Workload:
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     Options: type[BaseModel] = NoOptions
     make_model: Callable[[Any], nn.Sequential] | None = None
+    train_samples: Callable[[Any], int | None] | None = None
 
     @property
     def target(self) -> float | None:
@@ -65,6 +68,12 @@ class Workload:
 
     def instantiate(self, options: dict[str, Any] | None = None, data_root: str | None = None) -> Instance:
         return self.build(self.Options.model_validate(options or {}), data_root)
+
+    def training_samples(self, options: dict[str, Any] | None = None) -> int | None:
+        """The training set's size for `options` when known without loading the data, else None."""
+        if self.train_samples is None:
+            return None
+        return self.train_samples(self.Options.model_validate(options or {}))
 
     def meta_model(self, options: dict[str, Any] | None = None) -> nn.Sequential | None:
         """The model for `options` on the meta device (its blocks and layers, no storage, no data), or None when the

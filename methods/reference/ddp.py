@@ -42,6 +42,10 @@ class DDP(WholeModelMethod):
             return f"batch_size {params.batch_size} is not divisible by world_size {world_size}"
         return super().check_world_size(world_size, params)
 
+    @classmethod
+    def batch_split(cls, world_size: int, params: TrainParams) -> tuple[int, str, str] | None:
+        return world_size, "batch_size", "data-parallel shards, one per rank"
+
     def local_batch(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         return batch.shard(self.ctx.rank, self.ctx.world_size)
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
+import warnings
 
 import pytest
 from _fuzz import FUZZ, OUT, check_outcome, cli, outside, sandbox, snapshot, toml_text, written
@@ -159,15 +161,27 @@ def _run_suite(data: bytes) -> None:
             assert outside(written(before, snapshot(root)), OUT) == []
 
 
+#: The training sets' sizes, written out here (not asked of the workloads): digits is sklearn's 1797 images less
+#: 360 held out.
+TRAINING_SET = {"digits-mlp": lambda options: 1437, "synthetic-mlp": lambda options: options.get("num_train", 8192)}
+
+
 def _check_resolved(path) -> None:
     """What an accepted suite resolves to can be run: every spec reads back from its spec.json as the same run (no
-    NaN or inf turned into null), with a seed numpy takes."""
+    NaN or inf turned into null), with a seed numpy takes, a batch the training set holds and every rank or
+    microbatch a sample of it, and CPUs this machine has."""
     from harness.suite.expand import expand_suite
     from harness.suite.spec import RunSpec
 
+    cpus = os.sched_getaffinity(0)
     for spec in expand_suite(path):
         assert RunSpec.model_validate_json(spec.model_dump_json()) == spec, spec
         assert 0 <= spec.seed < 2**32, spec.seed
+        batch = spec.params["batch_size"]
+        assert batch <= TRAINING_SET[spec.workload](spec.workload_options), spec
+        assert batch >= spec.params.get("microbatches", 1), spec
+        assert spec.family not in ("data-parallel", "data-parallel-compressed") or batch >= spec.world_size, spec
+        assert all(set(ids) <= cpus for ids in spec.cpus_per_rank or []), spec
 
 
 @settings(FUZZ, max_examples=300)
@@ -183,6 +197,12 @@ def _check_resolved(path) -> None:
          b'threads_per_rank = 0\n')
 @example(b'name = "t"\nworkload = "digits-mlp"\n[budget]\nmax_steps = 1\n[[run]]\nmethod = "sgd"\n'
          b'threads_per_rank = []\n')
+@example(b'name = "t"\nworkload = "digits-mlp"\n[budget]\nmax_steps = 1\n[[run]]\nmethod = "sgd"\n'
+         b'params = { batch_size = 5000 }\n')
+@example(b'name = "t"\nworkload = "digits-mlp"\n[budget]\nmax_steps = 1\n[[run]]\nmethod = "sgd"\n'
+         b'cpus_per_rank = [[99]]\n')
+@example(b'name = "t"\nworkload = "digits-mlp"\n[budget]\nmax_steps = 1\n[[run]]\nmethod = "gpipe"\n'
+         b'world_size = 2\nparams = { batch_size = 4, microbatches = 8 }\n')
 @example(b'\xff\xfename = "t"\n')
 @example(b'name = "t"\nworkload = "os.path:join"\n[budget]\nmax_steps = 1\n[[run]]\nmethod = "sgd"\n')
 def test_suite_files(data):
@@ -214,6 +234,101 @@ def test_a_runs_zero_threads_is_an_error_not_the_default(tmp_path, threads):
 
     with pytest.raises(FileError, match=r"run\[0\]\.threads_per_rank"):
         expand_suite(path)
+
+
+#: Values that pass the schema but cannot run here (issue 49): (the suite's lines after its top-level budget, the
+#: field the one error line names). Before, each was accepted, and the run failed after its folder was written (the
+#: batch against the data, a CPU this machine lacks: OSError 22 naming no field), or was refused naming world_size.
+CORES = len(os.sched_getaffinity(0))
+UNRUNNABLE = [
+    ('[[run]]\nmethod = "sgd"\nparams = { batch_size = 5000 }', "run[0].params.batch_size"),
+    ('[defaults]\nbatch_size = 1438\n[[run]]\nmethod = "ddp"\nworld_size = 2', "defaults.batch_size"),
+    ('[[run]]\nmethod = "sgd"\nworkload = "synthetic-mlp"\nworkload_options = { num_train = 64 }',
+     "run[0].params.batch_size"),  # synthetic-mlp's default batch, 128
+    ('[[run]]\nmethod = "ddp"\nworld_size = 2\nparams = { batch_size = 1 }', "run[0].params.batch_size"),
+    ('[[run]]\nmethod = "gpipe"\nworld_size = 2\nparams = { batch_size = 4, microbatches = 8 }',
+     "run[0].params.microbatches"),
+    ('[[run]]\nmethod = "sgd"\ncpus_per_rank = [[99]]', "run[0].cpus_per_rank"),
+    ('[[run]]\nmethod = "ddp"\nworld_size = 2\nthreads_per_rank = 1\ncpus_per_rank = [[0], [100000]]',
+     "run[0].cpus_per_rank"),
+    (f'[[run]]\nmethod = "sgd"\nthreads_per_rank = {64 * CORES + 1}', "run[0].threads_per_rank"),
+    (f'threads_per_rank = {64 * CORES + 1}\n[[run]]\nmethod = "sgd"', "threads_per_rank"),
+    (f'[[run]]\nmethod = "ddp"\nworld_size = {64 * CORES + 2}\nworkload = "synthetic-mlp"\n'
+     f'workload_options = {{ num_train = 100000 }}\nparams = {{ batch_size = {64 * CORES + 2} }}', "run[0].world_size"),
+]
+
+
+@pytest.mark.parametrize("lines,field", UNRUNNABLE, ids=[field for _, field in UNRUNNABLE])
+def test_what_cannot_run_here_is_one_line_naming_the_field_exit_2_nothing_written(lines, field):
+    with sandbox() as root:
+        path = place(root, f'name = "t"\nworkload = "digits-mlp"\nbudget = {{ max_steps = 1 }}\n{lines}\n'.encode(),
+                     "suite.toml")
+        before = snapshot(root)
+        for dry in (["--dry-run"], []):  # the real command too (its launcher runs nothing)
+            code, out, err = cli(["run", str(path), "--out", "out", "--quiet", *dry], root)
+            check_outcome(code, err, names=str(path))
+            assert code == 2, err
+            assert f"{path}: {field}: " in err, err
+            assert written(before, snapshot(root)) == []
+
+
+def test_a_cpu_list_for_a_cluster_is_not_checked_against_this_machine(tmp_path):
+    """--launcher slurm: the ranks run on the cluster's nodes, so neither their CPU ids nor their thread count are
+    this machine's business."""
+    from harness.suite.expand import expand_suite
+
+    path = tmp_path / "suite.toml"
+    path.write_text(f'name = "t"\nworkload = "digits-mlp"\n[budget]\nmax_steps = 1\n[[run]]\nmethod = "ddp"\n'
+                    f'world_size = 2\nthreads_per_rank = {64 * CORES}\ncpus_per_rank = [[99], [100]]\n')
+    with pytest.raises(FileError, match=re.escape(f"{path}: run[0].cpus_per_rank: rank 0's CPU 99 ")):
+        expand_suite(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [s.cpus_per_rank for s in expand_suite(path, launcher="slurm")] == [[[99], [100]]]
+
+
+def test_oversubscribed_ranks_are_a_warning_with_the_numbers_once_per_run(tmp_path):
+    """More threads than cores is what tests and smoke do on 2 cores: a run of it goes on, with one warning per run
+    (not per seed) naming it and the numbers; beyond 64x the cores it is refused (above)."""
+    with sandbox() as root:
+        path = place(root, f'name = "t"\nworkload = "digits-mlp"\nseeds = [0, 1]\n[budget]\nmax_steps = 1\n'
+                           f'[[run]]\nmethod = "sgd"\n[[run]]\nmethod = "ddp"\nworld_size = 2\n'
+                           f'threads_per_rank = {CORES}\n'.encode(), "suite.toml")
+        code, out, err = cli(["run", str(path), "--out", "out", "--dry-run"], root)
+        check_outcome(code, err, names=str(path))
+        assert code == 0
+        assert err.splitlines() == [f"dtbench: warning: {path}: run[1] (ddp): 2 ranks x {CORES} thread"
+                                    f"{'s' if CORES > 1 else ''} = {2 * CORES} threads on {CORES} cores available: "
+                                    "ranks share cores, so its times measure that sharing too"]
+
+
+def test_rerun_checks_a_spec_json_as_a_suite_is_checked(tmp_path):
+    """`dtbench rerun` of a spec.json whose batch outgrew the data or whose CPUs this machine lacks: one line naming
+    spec.json's field, exit 2, nothing written (before: a run folder and exit 1)."""
+    from harness.suite.expand import expand_suite
+
+    path = tmp_path / "suite.toml"
+    path.write_text('name = "t"\nworkload = "digits-mlp"\n[budget]\nmax_steps = 1\n[[run]]\nmethod = "sgd"\n')
+    (spec,) = expand_suite(path)
+    for change, field in (({"params": {**spec.params, "batch_size": 5000}}, "params.batch_size"),
+                          ({"cpus_per_rank": [[99]]}, "cpus_per_rank")):
+        with sandbox() as root:
+            run = root / "in" / "run"
+            run.mkdir(parents=True)
+            (run / "spec.json").write_text(spec.model_copy(update=change).model_dump_json())
+            before = snapshot(root)
+            code, out, err = cli(["rerun", str(run), "--out", "out", "--quiet"], root)
+            check_outcome(code, err, names=str(run / "spec.json"))
+            assert code == 2 and f"{run / 'spec.json'}: {field}: " in err, err
+            assert written(before, snapshot(root)) == []
+
+
+def test_the_digits_training_set_is_the_size_validation_uses():
+    from harness.data import sources
+    from harness.registry import WORKLOADS
+
+    train, _ = sources.digits()
+    assert WORKLOADS.get("digits-mlp").training_samples() == len(train) == TRAINING_SET["digits-mlp"]({})
 
 
 # --- sites ----------------------------------------------------------------------------------------------------------

@@ -77,6 +77,12 @@ class PipelineMethod(Method):
         return cls.check_placement(world_size, params) or super().check_world_size(world_size, params)
 
     @classmethod
+    def batch_split(cls, world_size: int, params: PipelineParams) -> tuple[int, str, str] | None:
+        """A step's batch is cut into `microbatches` (pipelines without the parameter take it whole)."""
+        microbatches = getattr(params, "microbatches", None)
+        return None if microbatches is None else (microbatches, "microbatches", "microbatches")
+
+    @classmethod
     def check_placement(cls, world_size: int, params: PipelineParams) -> str | None:
         """The placement's rule: one stage per rank, or replicas summing to the world size (world size 1: the
         virtual mode), and a boundary per stage. A method that places stages otherwise (interleaved: several per
