@@ -6,6 +6,7 @@ own name for this package, `asv`, would resolve to the asv tool in a fresh proce
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from collections.abc import Callable
@@ -17,25 +18,39 @@ PARAMS = {"batch_size": 128, "lr": 0.05, "momentum": 0.9}
 
 
 def interleaved(variants: dict[str, Callable[[], object]], rounds: int, steps: int, warmup: int,
-                barrier_after: bool = False) -> dict[str, list[float]]:
+                barrier_after: bool = False, clocks: dict[str, Any] | None = None) -> dict[str, list[float]]:
     """Seconds per call of each variant, in alternating blocks of `steps` calls (order reversed every other round,
     so machine noise hits all alike), after `warmup` calls of each. Every block starts with a barrier of the ranks;
-    with `barrier_after` it also ends with one, so a block times the whole group's work, not just this rank's."""
+    with `barrier_after` it also ends with one, so a block times the whole group's work, not just this rank's.
+
+    `clocks`: {variant: the TrainClock of the Loop it steps}, stopped while the other variants run (warm-up
+    included). A Loop paces its control rounds by its train time (harness/run/loop.py: one round about every 0.05 s,
+    at most every 8 steps), so its clock must count its own steps only, as in a run; otherwise the other variants'
+    time makes its steps look slower and its rounds come more often than a run's."""
     import torch.distributed as dist
 
+    def paused(name: str) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        for other, clock in (clocks or {}).items():
+            if other != name:
+                stack.enter_context(clock.excluded())
+        return stack
+
     times: dict[str, list[float]] = {name: [] for name in variants}
-    for fn in variants.values():
-        for _ in range(warmup):
-            fn()
+    for name, fn in variants.items():
+        with paused(name):
+            for _ in range(warmup):
+                fn()
     for r in range(rounds):
         for name in list(variants) if r % 2 == 0 else list(reversed(variants)):
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(steps):
-                variants[name]()
-            if barrier_after:
+            with paused(name):
                 dist.barrier()
-            times[name].append((time.perf_counter() - start) / steps)
+                start = time.perf_counter()
+                for _ in range(steps):
+                    variants[name]()
+                if barrier_after:
+                    dist.barrier()
+                times[name].append((time.perf_counter() - start) / steps)
     return times
 
 
@@ -101,9 +116,50 @@ def ddp_against_torch(rank: int, world_size: int, rounds: int, steps: int) -> di
             optimizer.step()
             torch_steps += 1
 
-        times = interleaved({"ddp": loop.train_one_step, "torch": torch_step}, rounds, steps, warmup=steps)
+        times = interleaved({"ddp": loop.train_one_step, "torch": torch_step}, rounds, steps, warmup=steps,
+                            clocks={"ddp": loop.clock})
         loop.writer.close()
     return times
+
+
+#: The runner-cost benchmark's run: digits-mlp (a step of about 3 ms on 2 ranks), as in the smoke suite.
+COST_WORKLOAD = "digits-mlp"
+COST_PARAMS = {"batch_size": 32, "lr": 0.01, "momentum": 0.9}
+
+
+def runner_against_method(rank: int, world_size: int, rounds: int, steps: int, workload: str = COST_WORKLOAD,
+                          params: dict | None = None) -> dict[str, list[float]]:
+    """Per-step seconds of the runner's whole step (`Loop.train_one_step` of ddp: the batch, the method's step, the
+    train record, the ranks' agreement) and of the method's step alone (`train_step` of the same ddp on the same
+    batches, no Loop), in alternating blocks of `steps` after `steps` warm-up steps each.
+
+    Returns {"whole": [...], "method": [...]}, one value per round; their difference is what the runner adds.
+    """
+    from harness.data.tensors import Batch
+
+    with tempfile.TemporaryDirectory() as folder:
+        loop = make_loop("ddp", rank, world_size, Path(folder), workload, params or COST_PARAMS)
+        method, order, train = loop.method, loop.order, loop.train
+        method_steps = 0
+
+        def method_step() -> None:
+            nonlocal method_steps
+            method.train_step(Batch(method_steps, order.epoch_of(method_steps), order.batch(method_steps), train, 0))
+            method_steps += 1
+
+        times = interleaved({"whole": loop.train_one_step, "method": method_step}, rounds, steps, warmup=steps,
+                            clocks={"whole": loop.clock})
+        loop.writer.close()
+    return times
+
+
+def per_round_cost(ranks: list[dict[str, list[float]]], whole: str = "whole", method: str = "method") -> list[float]:
+    """Each round's runner cost per step in seconds: the whole step (variant `whole`) minus the method's step
+    (variant `method`), each the slower rank's (the ranks wait for each other at every collective, so the slower
+    rank's time is the group's)."""
+    slower = {name: [max(values) for values in zip(*(times[name] for times in ranks), strict=True)]
+              for name in (whole, method)}
+    return [w - m for w, m in zip(slower[whole], slower[method], strict=True)]
 
 
 def single_process_baselines(steps: int, width: int = 2048, layers: int = 8, batch: int = 256,

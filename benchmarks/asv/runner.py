@@ -1,5 +1,6 @@
 """The runner's hot paths: one training step of sgd (in-process) and ddp (2 gloo processes) on synthetic-mlp, next
-to a hand-written torch DDP loop, and the fixed start-up cost of a whole 1-step `dtbench run` and of a suite of ten."""
+to a hand-written torch DDP loop; the runner's own cost per step on digits-mlp; and the fixed start-up cost of a
+whole 1-step `dtbench run` and of a suite of ten."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ from .startup_suite import write_suite
 
 DDP_ROUNDS = 5  # alternating blocks of each variant
 DDP_STEPS = 20  # steps per block (and warm-up steps per variant)
+# RunnerCost: many short alternating blocks (a shared machine's noise comes in bursts that short blocks pair off);
+# 8 steps a block, so that each block holds one control round (one every 8 steps at this step time)
+COST_ROUNDS = 100
+COST_STEPS = 8
 
 
 class SGDStep:
@@ -77,6 +82,29 @@ class DDPStep:
         return cache["ratio"]
 
     track_ddp_vs_torch_ddp.unit = "x torch DDP"
+
+
+class RunnerCost:
+    """What the runner adds to a step: `Loop.train_one_step` of ddp minus the same ddp's `train_step` alone, on
+    digits-mlp (batch 32, a step of about 3 ms) on 2 gloo ranks x 1 thread, in alternating blocks in the same two
+    processes (setup_cache). The rest is the runner's: the Batch, the train record, the ranks' agreement, the hang
+    watch's beat."""
+
+    timeout = 300
+
+    def setup_cache(self) -> dict[str, float]:
+        from dtbench_bench_ranks import per_round_cost, runner_against_method
+
+        from _dist import spawn
+
+        ranks = spawn(runner_against_method, 2, COST_ROUNDS, COST_STEPS, timeout=240)
+        return {"cost_us": statistics.median(per_round_cost(ranks)) * 1e6}
+
+    def track_runner_cost_per_step(self, cache: dict[str, float]) -> float:
+        """The whole step minus the method's step, per step (median of per-round differences); goal <= 200 us."""
+        return cache["cost_us"]
+
+    track_runner_cost_per_step.unit = "us"
 
 
 def run_suite_once(suite: Path, out: Path) -> None:

@@ -7,7 +7,9 @@ to metrics.jsonl, the ranks' periodic agreement). The plain variant is the textb
 
     python benchmarks/measure/ddp_overhead.py [--workload digits-mlp] [--rounds 15] [--steps 40]
 
-Prints the median step time of each and their ratio (harness / plain; the goal is <= 1.05).
+Prints the median step time of each, their ratio (harness / plain; the goal is <= 1.05), and the runner's own cost
+per step: the harness step minus the method's step alone (`train_step` without the Loop), in microseconds (the goal
+is <= 200 us; asv tracks the same number on digits-mlp as runner.RunnerCost.track_runner_cost_per_step).
 """
 
 from __future__ import annotations
@@ -76,12 +78,14 @@ def _bench(rank: int, world_size: int, workload: str, options: dict, rounds: int
         method_step += 1
 
     variants = {"harness": harness, "plain": plain, "method": method_only, "torch_hook": torch_python_hook}
-    times = interleaved(variants, rounds, steps, warmup=steps)
+    times = interleaved(variants, rounds, steps, warmup=steps, clocks={"harness": loop.clock})
     writer.close()
     return times
 
 
 def main() -> None:
+    from dtbench_bench_ranks import per_round_cost
+
     from _dist import spawn
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -108,6 +112,9 @@ def main() -> None:
           f"torch's own Python hook, for scale")
     print(f"ratio harness/plain: {h / p:.3f} (median of per-round ratios {statistics.median(ratios):.3f}; "
           f"goal <= 1.05)")
+    cost = sorted(c * 1e6 for c in per_round_cost(results, whole="harness", method="method"))
+    print(f"runner's cost per step (harness - method alone): {statistics.median(cost):.0f} us (median of per-round "
+          f"differences; rounds {cost[0]:.0f} to {cost[-1]:.0f}; goal <= 200 us)")
 
 
 if __name__ == "__main__":
