@@ -17,6 +17,7 @@ from ._timing import interleaved_ratio
 
 SIZES = [1_000_000, 25_000_000]
 COPY = "copy"
+RATIO_ROUNDS, RATIO_MIN_SECONDS = 7, 0.05  # VersusCopy: alternating rounds, and the least seconds of each block
 
 
 def _make(name: str):
@@ -115,7 +116,7 @@ class VersusCopy:
         self.subject, self.peer = _step(name, numel), _step(COPY, numel)
 
     def track_ratio_to_copy(self, name: str, numel: int) -> float:
-        return interleaved_ratio(self.subject, self.peer, rounds=7, min_seconds=0.05)
+        return interleaved_ratio(self.subject, self.peer, rounds=RATIO_ROUNDS, min_seconds=RATIO_MIN_SECONDS)
 
     track_ratio_to_copy.unit = "x copy"
 

@@ -10,19 +10,22 @@ import torch  # at import: asv's forkserver then imports it once for every bench
 
 PEER_SIZES = {"width": 512, "layers": 8, "batch": 256, "microbatches": 8}  # compute-bound, seconds per round
 PEER_ROUNDS, PEER_STEPS = 4, 2
+STAGE_ROUNDS, STAGE_MIN_SECONDS = 9, 0.1  # StageStep's ratio: alternating rounds, the least seconds of a block
+BACKWARD_ROUNDS, BACKWARDS_PER_ROUND = 40, 10  # StageStep's backward with and without inputs=
 
 
 class Schedules:
-    """Generating every stage's action list (pure Python)."""
+    """Generating every stage's action list (pure Python), by each method package's generator."""
 
     params = (["gpipe", "1f1b", "pipedream", "interleaved"], [(4, 8), (16, 64)])
     param_names = ["schedule", "stages x microbatches"]
 
     def time_generate(self, name: str, size: tuple[int, int]) -> None:
-        from methods.pipeline.flushed import schedules as schedule
+        from methods.pipeline.flushed import schedules as flushed
+        from methods.pipeline.pipedream.schedule import pipedream
 
-        make = {"gpipe": schedule.gpipe, "1f1b": schedule.one_f_one_b, "pipedream": schedule.pipedream,
-                "interleaved": lambda s, m: schedule.interleaved_1f1b(s // 2, 2, m)}[name]
+        make = {"gpipe": flushed.gpipe, "1f1b": flushed.one_f_one_b, "pipedream": pipedream,
+                "interleaved": lambda s, m: flushed.interleaved_1f1b(s // 2, 2, m)}[name]
         make(*size)
 
 
@@ -84,14 +87,14 @@ class StageStep:
         """Stage forward + backward / plain PyTorch's (median of 9 alternating rounds); 1 is no overhead."""
         from _timing import interleaved_ratio
 
-        return interleaved_ratio(self.ours, self.plain, rounds=9, min_seconds=0.1)
+        return interleaved_ratio(self.ours, self.plain, rounds=STAGE_ROUNDS, min_seconds=STAGE_MIN_SECONDS)
 
     track_stage_vs_plain.unit = "x plain PyTorch"
 
     def track_backward_named_inputs_vs_none(self) -> float:
         """The backward alone of that graph with autograd's `inputs=` naming the parameters and the input, against
-        the same call without (what Stage.backward does with the live weights): median of 40 alternating rounds of
-        10 backwards each. Above 1: naming them costs."""
+        the same call without (what Stage.backward does with the live weights): median of BACKWARD_ROUNDS (40)
+        alternating rounds of BACKWARDS_PER_ROUND (10) backwards each. Above 1: naming them costs."""
         import time
 
         from torch import nn
@@ -109,9 +112,9 @@ class StageStep:
         for named in (True, False):
             backward(named)
         ratios = []
-        for index in range(40):
+        for index in range(BACKWARD_ROUNDS):
             order = (True, False) if index % 2 == 0 else (False, True)
-            seconds = {named: sum(backward(named) for _ in range(10)) for named in order}
+            seconds = {named: sum(backward(named) for _ in range(BACKWARDS_PER_ROUND)) for named in order}
             ratios.append(seconds[True] / seconds[False])
         return statistics.median(ratios)
 

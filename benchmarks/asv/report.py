@@ -55,7 +55,7 @@ def write_run(suite_dir: Path, method: str, world_size: int, bytes_per_step: int
                             "bytes_by_category": {"gradients": [sent, sent]} if sent else {}})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
     (run_dir / "spec.json").write_text(json.dumps(spec, indent=2))
-    final = {"steps": STEPS, "epoch": 10.0, "samples": 32 * STEPS, "train_time_s": STEPS * step_s}
+    final = {"steps": STEPS, "epoch": STEPS / 44, "samples": 32 * STEPS, "train_time_s": STEPS * step_s}
     (run_dir / "status.json").write_text(json.dumps({"state": "completed", "error": None, "final": final,
                                                       "updated": "2026-11-29T10:00:00Z"}, indent=2))
     (run_dir / "manifest.json").write_text(json.dumps({"hostname": "bench", "launcher": "local", "seed": seed,

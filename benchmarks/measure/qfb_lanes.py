@@ -88,14 +88,14 @@ def _time(rank: int, world_size: int, a: dict) -> dict:
         block(name, 1)  # warm-up
         cores[name].clear()
     reference = variants["1 lane x T"][0]
-    for times in reference.times.values():  # F and B: measured during the timed rounds only
+    for times in reference.clock.times.values():  # F and B: measured during the timed rounds only
         times.forward_s = times.backward_s = 0.0
         times.forwards = times.backwards = 0
     seconds: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(a["rounds"]):
         for name in VARIANTS if r % 2 == 0 else tuple(reversed(VARIANTS)):
             seconds[name].append(block(name, a["steps"]))
-    stage = reference.times[rank if world_size > 1 else 0]
+    stage = reference.clock.times[rank if world_size > 1 else 0]
     for method, _ in variants.values():
         method.finish()
     return {"seconds": seconds, "cores": {name: statistics.median(v) for name, v in cores.items()},
