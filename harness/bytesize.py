@@ -29,7 +29,10 @@ def parse_bytes(value: int | str) -> int:
 
 
 def format_bytes(count: float) -> str:
-    """'48.0 MB' (decimal units, as memory_per_rank = '48MB' reads)."""
+    """'48.0 MB' (decimal units, as memory_per_rank = '48MB' reads); 'inf GB' for an overflowed count, and '–' (a
+    blank) for NaN, the mean of a corrupt record's inf and -inf."""
+    if count != count:  # NaN
+        return "–"
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if abs(count) >= size:
             return f"{count / size:.1f} {unit}"

@@ -148,6 +148,7 @@ def judge(table: pd.DataFrame, claim: Claim, method: pd.Series, baseline: pd.Ser
             "censored_pairs": int((~cut).sum()), "kind": claim.kind}
 
 
+@stats.extreme_values_shown
 def evaluate_claims(table: pd.DataFrame, claims: ClaimFile, path: str | Path = "claims") -> pd.DataFrame:
     """summary (runs x columns), a loaded claim file -> claims (one row per claim x CLAIM_COLUMNS).
 

@@ -70,6 +70,7 @@ def dropped_lines_text(runs: list[RunResult]) -> str:
             f"run{'s' if len(dropped) > 1 else ''} ({shown}); the rest of each file was read")
 
 
+@stats.extreme_values_shown
 def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, baseline: str | None = None,
                  extra_sections: Sequence[SectionMaker] = ()) -> Path:
     """Write summary.csv, rankings.csv, comparisons.csv, the PNG plots and index.html for a suite folder; return

@@ -18,6 +18,16 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
+#: The largest magnitude a plotted value may have: matplotlib cannot tick an axis that reaches near the float limit
+#: (1e308, which only a corrupt record holds: a float32 loss stops at 3.4e38), so plots leave such values out.
+PLOTTABLE = 1e100
+
+
+def plottable(values: Any) -> np.ndarray:
+    """Which values a plot can show: finite, and at most PLOTTABLE in magnitude."""
+    return np.abs(np.asarray(values, dtype=float)) <= PLOTTABLE
+
+
 def new_figure(width: float = 7.5, height: float = 4.5) -> Figure:
     """A new figure with no pyplot state, rendered with the Agg backend."""
     import matplotlib
@@ -150,8 +160,8 @@ def plot_accuracy(curve_table: pd.DataFrame, x_label: str, target: float | None 
 def bar_panels(table: pd.DataFrame, value: str, styles: dict[str, Style] | None, width: float = 9.0,
                log: bool = True) -> tuple[Figure, list[tuple[Any, str | None, list[str], pd.DataFrame]]]:
     """A panel per workload, stacked, each as tall as its labels need: a horizontal bar per label (mean of `value`
-    over its runs with a finite one, 95% bootstrap interval); with `log`, a log axis where the means span more than
-    a decade. -> (figure, [(axes, workload, labels, data)])."""
+    over its runs with a finite one a plot can show, 95% bootstrap interval); with `log`, a log axis where the means
+    span more than a decade. -> (figure, [(axes, workload, labels, data)])."""
     import seaborn as sns
 
     keys = panel_keys(table)
@@ -163,7 +173,7 @@ def bar_panels(table: pd.DataFrame, value: str, styles: dict[str, Style] | None,
         rows = in_panel(table, key)
         labels = [str(label) for label in pd.unique(rows["label"])]
         chosen = styles_for(labels, styles)
-        data = rows[np.isfinite(rows[value].astype(float))].astype({value: float, "label": str})
+        data = rows[plottable(rows[value])].astype({value: float, "label": str})
         if not data.empty:
             sns.barplot(data=data, y="label", x=value, order=labels, hue="label", hue_order=labels, legend=False,
                         palette={k: chosen[k].color for k in labels}, errorbar=stats.bootstrap_ci95, ax=ax)

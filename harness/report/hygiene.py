@@ -31,6 +31,8 @@ def cpu_share(record: pd.Series) -> float:
     """One `cpu` record -> the share of its runnable time the rank ran: cpu_s / (cpu_s + wait_s), or
     cpu_s / (wall_s · threads) without wait_s; NaN when it has neither."""
     cpu, wait, wall = _number(record.get("cpu_s")), _number(record.get("wait_s")), _number(record.get("wall_s"))
+    if not cpu >= 0:  # NaN, or a negative CPU time: no reading (a corrupt record), not a starved rank
+        return math.nan
     if math.isfinite(wait) and cpu + wait > 0:
         return cpu / (cpu + wait)
     threads = _number(record.get("threads"))

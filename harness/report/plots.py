@@ -34,7 +34,8 @@ def _seeds(rows: pd.DataFrame) -> str:
 
 def left_out(table: pd.DataFrame, used_table: pd.DataFrame, value: str | None = None, why: str = "") -> str:
     """The caption naming every run a plot leaves out, with why: the runs that did not complete (by label, their
-    states), and with `value`, the used runs without a finite one (`why`, e.g. 'never reached the target');
+    states), and with `value`, the used runs without a finite one (`why`, e.g. 'never reached the target') or
+    with one beyond what a plot can show (figures.PLOTTABLE);
     '' when none is left out."""
     parts = []
     if len(used_table) < len(table):
@@ -44,6 +45,9 @@ def left_out(table: pd.DataFrame, used_table: pd.DataFrame, value: str | None = 
         values = pd.to_numeric(used_table[value], errors="coerce").astype(float)
         for label, group in used_table[~np.isfinite(values)].groupby("label", sort=False):
             parts.append(f"{label} ({_seeds(group)}: {why or 'no ' + value})")
+        huge = np.isfinite(values) & ~figures.plottable(values)
+        for label, group in used_table[huge].groupby("label", sort=False):
+            parts.append(f"{label} ({_seeds(group)}: {value} beyond {figures.PLOTTABLE:g}, which no axis can show)")
     return "Not shown: " + "; ".join(parts) + "." if parts else ""
 
 

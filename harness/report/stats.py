@@ -7,17 +7,33 @@ probability of improvement (rliable: Agarwal et al. 2021), and paired by seed fo
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
+
+Function = TypeVar("Function", bound=Callable[..., Any])
 
 #: Bootstrap resamples of every interval (rliable asks for at least 2,000).
 N_BOOT = 2000
 LEVEL = 0.95
 
 Values = Sequence[float] | np.ndarray | pd.Series
+
+
+def extreme_values_shown(function: Function) -> Function:
+    """`function` with numpy's float arithmetic taking extreme values as values, silently: an overflow is inf, 0/0
+    and inf - inf are NaN, x/0 is inf (the tables show inf, or a blank for NaN). The report and the claims run under
+    it, so a diverged run's 1e38 loss or a corrupt record's 1e308 gives an inf in a table, not a warning or a
+    crash. Python's own float math (math.exp) still raises: those places guard themselves (tables.perplexity)."""
+    @functools.wraps(function)
+    def shown(*args: Any, **kwargs: Any) -> Any:
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            return function(*args, **kwargs)
+    return shown  # type: ignore[return-value]
 
 
 def percentile_interval(samples: np.ndarray, level: float = LEVEL) -> tuple[float, float]:

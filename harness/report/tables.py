@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from harness.bytesize import format_bytes
-from harness.report import hygiene, stats
+from harness.report import figures, hygiene, stats
 from harness.report.pipeline import measured_bubble
 from harness.results import RunResult, reached_target, target_of
 
@@ -79,7 +79,8 @@ def run_summary(run: RunResult) -> dict[str, Any]:
     train = metrics[metrics["kind"] == "train"]
     sent = numeric(train, "bytes_sent")
     has_bytes = sent.notna() & numeric(train, "rank").notna()
-    total_bytes = int(round(sent[has_bytes].groupby(numeric(train, "rank")[has_bytes]).last().sum()))
+    sent_total = float(sent[has_bytes].groupby(numeric(train, "rank")[has_bytes]).last().sum())  # inf past 1.8e308
+    total_bytes = int(round(sent_total)) if abs(sent_total) < 2**63 else None  # beyond a byte counter: a blank
     samples = last_value(numeric(lowest_rank(train), "samples"))
     train_time = float(numeric(rank0[rank0["kind"] != "cpu"], "train_time_s").max())
     return {
@@ -95,7 +96,7 @@ def run_summary(run: RunResult) -> dict[str, Any]:
         "time_to_target_s": time_to_target,
         "train_time_s": train_time,
         "total_bytes": total_bytes,
-        "bytes_per_sample": total_bytes / samples if samples > 0 else math.nan,
+        "bytes_per_sample": sent_total / samples if samples > 0 else math.nan,
         "label": run.label,
         "family": spec.get("family"),
         "steps": numeric(rank0, "step").max(),
@@ -109,11 +110,22 @@ def run_summary(run: RunResult) -> dict[str, Any]:
         **hygiene.run_hygiene(metrics),
         "peak_rss_bytes": float(numeric(metrics[metrics["kind"] == "cpu"], "peak_rss_bytes").max()),
         "final_loss": last_value(loss),
-        "perplexity": math.exp(last_value(loss)) if math.isfinite(last_value(loss)) else math.nan,
-        "bytes_per_token": bytes_per_token(spec, total_bytes / samples if samples > 0 else math.nan),
+        "perplexity": perplexity(last_value(loss)),
+        "bytes_per_token": bytes_per_token(spec, sent_total / samples if samples > 0 else math.nan),
         "tokens_per_s": tokens_per(spec, samples / train_time if samples > 0 and train_time > 0 else math.nan),
         **memory_columns(run),
     }
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss) of a mean per-token loss in nats: inf where it overflows a float (a diverged run's loss above
+    709.78, or inf), NaN for a NaN or negative-infinite loss."""
+    if math.isnan(loss) or loss == -math.inf:
+        return math.nan
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
 
 
 def memory_columns(run: RunResult) -> dict[str, float]:
@@ -210,6 +222,7 @@ def network_text(spec: dict[str, Any]) -> str:
     return str(network.get("rate") or "unlimited") + (f",latency={network['latency']}" if network.get("latency")
                                                       else "")
 
+@stats.extreme_values_shown
 def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
     """runs -> DataFrame (runs x SUMMARY_COLUMNS + EXTRA_COLUMNS), one row per run in the given order.
 
@@ -218,7 +231,8 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
       spec["budget"]["target_accuracy"] (or with test_loss <= its target_loss, for a language model); NaN (an
       empty cell in summary.csv) if never reached or no target.
     - train_time_s: the largest train_time_s of rank 0's records of KNOWN_KINDS (other kinds are ignored).
-    - total_bytes: sum over ranks of the bytes_sent of each rank's last train record that has one (else 0).
+    - total_bytes: sum over ranks of the bytes_sent of each rank's last train record that has one (else 0); empty
+      (pandas' NA) when the sum is beyond a byte counter's 2**63 (corrupt records: the other columns say inf).
     - bytes_per_sample: total_bytes / the (global) samples of rank 0's last train record; NaN if 0 or missing.
     - state: status.json's state, "unknown" when it is missing.
     - steps / epochs: the largest step / epoch of rank 0's records of KNOWN_KINDS.
@@ -232,7 +246,8 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
       lowest share of its runnable time a rank ran, the largest share of a host used by other processes, and
       whether the run was starved by them (empty for runs without `cpu` records).
     - peak_rss_bytes: the largest peak resident memory of any rank (`cpu` records; empty without the field).
-    - final_loss / perplexity: test_loss of the last eval record (per token for a language model) and exp of it.
+    - final_loss / perplexity: test_loss of the last eval record (per token for a language model) and exp of it
+      (inf where that overflows: a diverged run's loss above 709.78).
     - bytes_per_token: bytes_per_sample / workload_options.context (a language model's tokens per window).
     - tokens_per_s: samples_per_s x workload_options.context (a language model's throughput in tokens).
     - memory_per_rank: the run's emulated device memory (bytes; NaN without one); planned_memory_bytes and
@@ -240,9 +255,10 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
       (harness/memory.py's kinds, each at its peak). A run refused by memory_per_rank has state does_not_fit.
     A run without metrics still gets a row (NaN metrics, 0 bytes).
     """
-    table = pd.DataFrame([run_summary(run) for run in runs],
-                         columns=[*SUMMARY_COLUMNS, *EXTRA_COLUMNS, *MORE_COLUMNS])
-    table["total_bytes"] = table["total_bytes"].astype("int64")
+    rows = [run_summary(run) for run in runs]
+    table = pd.DataFrame(rows, columns=[*SUMMARY_COLUMNS, *EXTRA_COLUMNS, *MORE_COLUMNS])
+    totals = [row["total_bytes"] for row in rows]  # ints, or None beyond 2**63 (a blank; NaN would round them)
+    table["total_bytes"] = pd.array(totals, dtype="Int64" if None in totals else "int64")
     table["steps"] = table["steps"].astype("Float64").round().astype("Int64")
     table["noisy"] = table["noisy"].astype("boolean")
     return table
@@ -293,7 +309,8 @@ def aggregate(table: pd.DataFrame, states: Sequence[str] | None = ("completed",)
 
 def run_series(run: RunResult, x: str, y: str) -> tuple[np.ndarray, np.ndarray]:
     """One run's (x, y) points, sorted by x: test_accuracy from its rank-0 eval records, or the training `loss` of
-    its train records from the lowest rank that logged one (a pipeline's last stage computes the loss)."""
+    its train records from the lowest rank that logged one (a pipeline's last stage computes the loss). Points
+    that a plot cannot show (figures.plottable) are left out."""
     if y == "loss":
         train = run.metrics[run.metrics["kind"] == "train"]
         train = train[numeric(train, "loss").notna()]
@@ -305,7 +322,7 @@ def run_series(run: RunResult, x: str, y: str) -> tuple[np.ndarray, np.ndarray]:
     else:
         xs = numeric(records, x).to_numpy()
     ys = numeric(records, y).to_numpy()
-    keep = np.isfinite(xs) & np.isfinite(ys)
+    keep = figures.plottable(xs) & figures.plottable(ys)  # finite, and an axis can be drawn around it
     order = np.argsort(xs[keep], kind="stable")
     return xs[keep][order], ys[keep][order]
 

@@ -4,6 +4,7 @@ nothing is written outside the output folder."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -11,6 +12,10 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from unittest import mock
+
+import pandas as pd
+import pytest
 
 from _fuzz import FUZZ, OUT, check_outcome, cli, outside, sandbox, snapshot, written
 from hypothesis import event, example, given, settings
@@ -270,6 +275,175 @@ def _check_runnable(spec: dict) -> None:
     registry.WORKLOADS.get(spec["workload"])
     assert spec["world_size"] >= 1 and 0 <= spec["seed"] < 2**32
     assert method.check_world_size(spec["world_size"], method.Params.from_spec(spec["params"])) is None
+
+
+# --- extreme values: every number the report and the claims derive -----------------------------------------------
+
+EXTREMES = (math.inf, -math.inf, math.nan, 1e308, -1e308)
+THREE_SEEDS = (b'name = "t"\nworkload = "digits-mlp"\nseeds = [0, 1, 2]\n[budget]\nmax_steps = 4\n'
+               b'target_accuracy = 0.6\n[[run]]\nmethod = "sgd"\n[[run]]\nmethod = "ddp"\nworld_size = 2\n')
+#: Every input of the summary's numbers: (where, field). `final` is status.json's final, `spec` spec.json.
+SUMMARY_INPUTS = [
+    *[("train", f) for f in ("step", "epoch", "samples", "loss", "bytes_sent", "bytes_recv", "train_time_s",
+                             "wall_time_s")],
+    *[("eval", f) for f in ("test_loss", "test_accuracy", "train_time_s", "samples", "epoch")],
+    *[("cpu", f) for f in ("cpu_s", "wait_s", "wall_s", "threads", "machine_busy_s", "machine_steal_s", "cores",
+                           "peak_rss_bytes")],
+    ("final", "planned_memory_bytes"), ("final", "held_memory_bytes"), ("spec", "memory_per_rank"),
+]
+CLAIM_METRICS = ("time_to_target_s", "final_accuracy", "train_time_s", "total_bytes", "bytes_per_sample",
+                 "perplexity", "samples_per_s", "peak_rss_bytes", "planned_memory_bytes")
+
+
+def _three_seed_specs() -> list[dict]:
+    import tempfile
+
+    from harness.suite.expand import expand_suite
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "suite.toml"
+        path.write_bytes(THREE_SEEDS)
+        return [spec.model_dump(mode="json") for spec in expand_suite(path)]
+
+
+def made_suite(root: Path, edit=None, specs=None) -> Path:
+    """A suite folder written by hand as runs write it (sgd and ddp on 2 ranks, seeds 0-2: train, eval and cpu
+    records, a status with its final), `edit(i, spec, status, records)` changing run i's before they are written."""
+    suite_dir = root / "results" / "t"
+    for i, spec in enumerate(specs or _three_seed_specs()):
+        status = {"state": "completed", "error": None,
+                  "final": {"planned_memory_bytes": 1000, "held_memory_bytes": 900}}
+        records = []
+        for step in range(1, 5):
+            for rank in range(spec["world_size"]):
+                records.append({"kind": "train", "rank": rank, "wall_time_s": step, "train_time_s": step,
+                                "step": step, "epoch": step / 10, "samples": 32 * step, "loss": 1 / step,
+                                "bytes_sent": 100 * step, "bytes_recv": 100 * step})
+            records.append({"kind": "eval", "rank": 0, "wall_time_s": step, "train_time_s": step, "epoch": step / 10,
+                            "samples": 32 * step, "test_accuracy": 0.5 + 0.1 * step - 0.01 * i, "test_loss": 1 / step})
+        for rank in range(spec["world_size"]):
+            records.append({"kind": "cpu", "rank": rank, "wall_time_s": 5, "train_time_s": 4, "host": "h",
+                            "cpu_s": 3.0, "wait_s": 0.5, "wall_s": 5.0, "threads": 1, "machine_busy_s": 8.0,
+                            "machine_steal_s": 0.0, "cores": 2, "peak_rss_bytes": 1e8})
+        spec = dict(spec)
+        if edit is not None:
+            edit(i, spec, status, records)
+        run = suite_dir / spec["run_id"]
+        run.mkdir(parents=True)
+        (run / "spec.json").write_text(json.dumps(spec))
+        (run / "status.json").write_text(json.dumps(status))
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return suite_dir
+
+
+def extreme(where: str, field: str, values) -> object:
+    """An edit for made_suite: run i's `field` of `where` (every record of that kind, status.json's final, or
+    spec.json) set to values[i % len(values)]."""
+    def edit(i, spec, status, records):
+        value = values[i % len(values)]
+        if where == "spec":
+            spec[field] = value
+        elif where == "final":
+            status["final"][field] = value
+        for record in records:
+            if record["kind"] == where:
+                record[field] = value
+    return edit
+
+
+def claims_file(root: Path) -> Path:
+    claims = [{**CLAIM, "id": f"c{i}", "metric": metric, "method": "sgd x1", "baseline": "ddp",
+               "relation": "ratio_le" if i % 2 else "diff_ge", "value": 2.0 if i % 2 else -0.5}
+              for i, metric in enumerate(CLAIM_METRICS)]
+    text = "".join("[[claim]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in claim.items()) for claim in claims)
+    return place(root, text.encode(), "c.claims.toml")
+
+
+def report_and_judge(root: Path, suite_dir: Path) -> tuple[str, str]:
+    """`dtbench report` and `dtbench claims` on the folder: each exits 0 (claims: 0 or 1, a FAIL) with its CSVs,
+    and no warning about arithmetic (an overflow is inf, a NaN a blank, never a warning or a crash)."""
+    code, out, err = cli(["report", str(suite_dir)], root)
+    check_outcome(code, err)
+    assert code == 0, err
+    code, out, claims_err = cli(["claims", str(suite_dir), str(claims_file(root)), "--out", "out"], root)
+    check_outcome(code, claims_err)
+    assert code in (0, 1), claims_err
+    for text in (err, claims_err):  # the only warnings: the records the reader skipped (not finite, out of range),
+        # and runs whose cpu records say starved (a 1e308 wait_s does)
+        assert all("corrupt" in line or "starved of CPU" in line for line in text.splitlines()), text
+    for name in ("summary.csv", "rankings.csv", "comparisons.csv"):
+        assert (suite_dir / "report" / name).is_file()
+    assert (root / OUT / "claims.csv").is_file()
+    return err, claims_err
+
+
+@pytest.mark.parametrize("where,field", SUMMARY_INPUTS, ids=[f"{w}.{f}" for w, f in SUMMARY_INPUTS])
+def test_every_summary_input_at_inf_nan_and_1e308_reports_and_judges(where, field):
+    """Each input of the summary at inf, -inf, NaN, 1e308 and -1e308 (a value on each run, so the 1e308s of two
+    ddp runs overflow a mean and its two ranks a sum): the report, its CSVs and the claims are written. The plots
+    are left out here (they take seconds a folder); the next test draws them over the curves' inputs."""
+    with sandbox() as root:
+        suite_dir = made_suite(root, extreme(where, field, EXTREMES))
+        with mock.patch("harness.report.build.plots_module.suite_plots", lambda *args, **kwargs: []):
+            report_and_judge(root, suite_dir)
+        table = pd.read_csv(suite_dir / "report" / "summary.csv")
+        for column in ("final_accuracy", "train_time_s", "bytes_per_sample", "perplexity", "samples_per_s"):
+            assert table[column].dtype == float, column
+
+
+def test_the_plots_survive_curves_at_1e308_and_inf():
+    """The curves' inputs at 1e308 and inf on different runs (train loss, the evals' times, epochs and loss, the
+    train records' times): every plot is drawn, those points left out (before: 'arange: cannot compute length',
+    exit 2 and no page)."""
+    fields = [("train", "loss"), ("eval", "train_time_s"), ("eval", "epoch"), ("train", "train_time_s"),
+              ("eval", "test_loss"), ("train", "samples")]
+
+    def edit(i, spec, status, records):
+        extreme(*fields[i], (1e308,))(i, spec, status, records)
+        extreme(*fields[(i + 1) % len(fields)], (math.inf,))(i, spec, status, records)
+
+    with sandbox() as root:
+        suite_dir = made_suite(root, edit)
+        report_and_judge(root, suite_dir)
+        assert (suite_dir / "report" / "loss_vs_time.png").is_file()
+
+
+def test_a_diverged_run_at_a_large_finite_loss_reports_and_is_judged():
+    """sgd at lr 80 on digits-mlp diverges with a large but finite loss: exp of it overflowed, and `dtbench report`
+    and `dtbench claims` stopped with OverflowError (nothing written). Now its perplexity is inf and both run."""
+    def edit(i, spec, status, records):
+        if i == 0:
+            status["state"] = "diverged"
+            status["error"] = {"message": "non-finite loss at step 4", "rank": 0}
+            for record in records:
+                if record["kind"] == "train":
+                    record["loss"] = 4.7e3
+                elif record["kind"] == "eval":
+                    record.update(test_loss=4.7e3, test_accuracy=0.1)
+
+    with sandbox() as root:
+        suite_dir = made_suite(root, edit)
+        report_and_judge(root, suite_dir)
+        with (suite_dir / "report" / "summary.csv").open(newline="") as f:
+            rows = {row["run_id"]: row for row in csv.DictReader(f)}
+        diverged = rows["sgd-digits-mlp-w1-s0"]
+        assert diverged["state"] == "diverged" and diverged["final_loss"] == "4700.0"
+        assert diverged["perplexity"] == "inf"
+        verdicts = pd.read_csv(root / OUT / "claims.csv")
+        assert len(verdicts) == len(CLAIM_METRICS)
+
+
+def test_a_byte_count_beyond_a_counter_is_a_blank_not_a_crash():
+    """Two ranks' bytes_sent of 1e308 sum to inf: total_bytes (a count) is empty, the bytes per sample inf."""
+    with sandbox() as root:
+        suite_dir = made_suite(root, extreme("train", "bytes_sent", (1e308,)))
+        with mock.patch("harness.report.build.plots_module.suite_plots", lambda *args, **kwargs: []):
+            report_and_judge(root, suite_dir)
+        table = pd.read_csv(suite_dir / "report" / "summary.csv").set_index("run_id")
+        assert pd.isna(table.loc["ddp-digits-mlp-w2-s0", "total_bytes"])
+        assert table.loc["ddp-digits-mlp-w2-s0", "bytes_per_sample"] == math.inf
+        assert pd.isna(table.loc["sgd-digits-mlp-w1-s0", "total_bytes"])  # 1e308 itself: beyond 2**63
+        assert table.loc["sgd-digits-mlp-w1-s0", "bytes_per_sample"] == pytest.approx(1e308 / 128)
 
 
 # --- real runs (one step each), end to end --------------------------------------------------------------------------
