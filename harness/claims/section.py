@@ -9,6 +9,7 @@ import pandas as pd
 
 from harness.claims.evaluate import claims_html, evaluate_claims
 from harness.claims.model import load_claims
+from harness.report.csvfile import write_csv
 from harness.results import RunResult
 from harness.suite.files import FileError
 
@@ -42,7 +43,7 @@ def claims_section(table: pd.DataFrame, path: Path, out_dir: Path) -> str:
         verdicts = evaluate_claims(table, load_claims(path), path)
     except FileError as exc:
         return f'<h2>Claims</h2>\n<p class="failure">The claim file could not be judged: {html.escape(str(exc))}</p>\n'
-    verdicts.to_csv(out_dir / "claims.csv", index=False)
+    write_csv(verdicts, out_dir / "claims.csv")
     return claims_html(verdicts, path)
 
 

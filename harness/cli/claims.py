@@ -40,6 +40,7 @@ def claims_verb(args: argparse.Namespace, argv: list[str]) -> int:
     from harness.claims.evaluate import claims_text, evaluate_claims
     from harness.claims.model import load_claims
     from harness.report import hygiene, tables
+    from harness.report.csvfile import write_csv
     from harness.results import load_suite
     from harness.suite.files import FileError
 
@@ -60,7 +61,7 @@ def claims_verb(args: argparse.Namespace, argv: list[str]) -> int:
     out = args.out if args.out is not None else args.suite_dir / "report"
     try:
         out.mkdir(parents=True, exist_ok=True)
-        verdicts.to_csv(out / "claims.csv", index=False)
+        write_csv(verdicts, out / "claims.csv")
     except OSError as exc:  # e.g. a file where the folder goes
         return fail(f"{exc.filename or out}: cannot write claims.csv: {exc.strerror or exc}")
     warning = hygiene.noisy_warning(table)

@@ -18,6 +18,7 @@ from harness.project.tables import (
     projection_table,
     validation_table,
 )
+from harness.report.csvfile import write_csv
 
 
 def seconds(value: float) -> str:
@@ -40,7 +41,7 @@ def write_projection(suite_dir: Path, out: Path, settings: Settings, world_sizes
     chosen = choose_baseline(suite, baseline)
     table = projection_table(suite, world_sizes, networks, settings, chosen)
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "projection.csv", index=False)
+    write_csv(table, out / "projection.csv")
     plot_projection(table, chosen).savefig(out / "projection.png", dpi=110)
     where = suite.network or "loopback"
     print(f"Calibrated on {where} at {suite.world_size} ranks: {len(suite.calibrations)} configurations "
@@ -58,7 +59,7 @@ def write_projection(suite_dir: Path, out: Path, settings: Settings, world_sizes
           "ran, else the workload's first ddp).")
     crossovers = crossover_table(suite, world_sizes, settings, chosen)
     if len(crossovers):
-        crossovers.to_csv(out / "projection_crossover.csv", index=False)
+        write_csv(crossovers, out / "projection_crossover.csv")
         print("Link rates where a configuration's projected throughput (and time to target) crosses its workload's "
               "baseline's (it pays below the rate when faster_at_slowest):")
         print(crossovers.to_string(index=False))
@@ -77,7 +78,7 @@ def write_projection(suite_dir: Path, out: Path, settings: Settings, world_sizes
 
 def write_validation(suite, settings: Settings, out: Path) -> pd.DataFrame:
     validation = validation_table(suite, settings)
-    validation.to_csv(out / "projection_validation.csv", index=False)
+    write_csv(validation, out / "projection_validation.csv")
     plot_validation(validation).savefig(out / "projection_validation.png", dpi=110)
     if validation.empty:
         print("validation: no held-out run (every run is on the calibration network and world size)")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from harness.project.tables import TTT_ASSUMPTION
+from harness.report.csvfile import read_csv
 from harness.report.figures import new_figure, note
 from harness.report.page import CSS, table_html
 
@@ -29,7 +30,7 @@ def read_validation(path: Path) -> pd.DataFrame:
     ValueError (one line) when there is none or it lacks the columns the page needs."""
     for candidate in (path, path / "projection_validation.csv", path / "report" / "projection_validation.csv"):
         if candidate.is_file():
-            frame = pd.read_csv(candidate)
+            frame = read_csv(candidate)
             missing = {"method", "world_size", "network", "step_error"} - set(frame.columns)
             if missing:
                 raise ValueError(f"{candidate}: no {', '.join(sorted(missing))} column (written by an older dtbench "

@@ -24,6 +24,7 @@ from harness.report import (
     tables,
 )
 from harness.report import plots as plots_module
+from harness.report.csvfile import write_csv
 from harness.results import RunResult, load_suite
 
 #: The method whose label is the default baseline, when the suite has runs of it.
@@ -120,9 +121,9 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
                for workload in {str(w) for w in table["workload"]}}
     readings = tables.readings(runs)
     ranked = rankings.rankings(table, base_of, targets, readings)
-    ranked.to_csv(out_dir / "rankings.csv", index=False)
+    write_csv(ranked, out_dir / "rankings.csv")
     table = pd.concat([table, rankings.run_speedups(table, ranked, base_of)], axis=1)
-    table.to_csv(out_dir / "summary.csv", index=False)
+    write_csv(table, out_dir / "summary.csv")
     completed = [run for run in runs if run.state == "completed"]
     used = completed or runs
     scope = (f"Aggregates and plots use the {len(completed)} completed runs." if completed
@@ -130,7 +131,7 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     used_table = table[table["state"] == "completed"] if completed else table
     has_target = any(tables.target_of(run.spec) is not None for run in used)
     robust = comparisons.robust_table(used_table, base_of, has_target, readings)
-    robust.to_csv(out_dir / "comparisons.csv", index=False)
+    write_csv(robust, out_dir / "comparisons.csv")
     aggregates = rankings.in_rank_order(tables.aggregate(table, ("completed",) if completed else None), ranked)
     few_seeds = (page.fewest_runs(aggregates) or 0) < page.MIN_SEEDS
     interval = stats.interval_words(page.fewest_runs(aggregates))
@@ -155,7 +156,7 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
         sections.append(pipeline_section)
     if used_table["network"].nunique() > 1:
         speedups = network.network_speedup(used_table, baseline_label)
-        speedups.to_csv(out_dir / "network_speedup.csv", index=False)
+        write_csv(speedups, out_dir / "network_speedup.csv")
         plots.append(plots_module.Plot("network_crossover.png",
                                        network.plot_network_crossover(speedups, baseline_label)))
         sections.append(network.network_html(speedups, baseline_label))
