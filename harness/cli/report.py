@@ -38,13 +38,22 @@ def report_verb(args: argparse.Namespace, argv: list[str]) -> int:
     from harness.report.build import write_report
 
     try:
-        index = write_report(args.suite_dir, args.out, args.baseline, extra_sections=[claims_page_section])
+        index = write_report(args.suite_dir, args.out, args.baseline, extra_sections=[claims_page_section],
+                             extra_warnings=[stale_warning])
     except ValueError as exc:
         return fail(str(exc))
     except OSError as exc:  # e.g. a file where the report folder goes
         return fail(f"{exc.filename or args.suite_dir}: cannot write the report: {exc.strerror or exc}")
     print(f"report written: {index}")
     return 0
+
+
+def stale_warning(suite_dir: Path, runs: list) -> str:
+    """The page's warning naming the runs whose spec.json the suite.toml beside them no longer asks for."""
+    from harness.report.stale import stale_html
+    from harness.suite.compare import against_suite
+
+    return stale_html(*against_suite(suite_dir / "suite.toml", [(run.run_dir.name, run.spec) for run in runs]))
 
 
 def _origin(entry) -> str:

@@ -70,7 +70,7 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
     if args.launcher == "local" and not args.dry_run:
         _warm_up()
     try:
-        specs = expand_suite(args.suite, args.only, args.network)
+        specs = expand_suite(args.suite, args.only, args.network, launcher=args.launcher)
     except FileError as exc:
         return fail(str(exc))
     if not specs:

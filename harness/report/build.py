@@ -58,6 +58,8 @@ def choose_baseline(table: pd.DataFrame, requested: str | None = None) -> tuple[
 #: no section. It may write files of its own into out_dir. The claims package provides one (harness/claims/section.py),
 #: so the report does not depend on the packages that build on it.
 SectionMaker = Callable[[Path, list[RunResult], pd.DataFrame, Path], "str | None"]
+#: A warning at the top of the page: (suite_dir, runs) -> HTML ('' for none).
+WarningMaker = Callable[[Path, list[RunResult]], str]
 
 
 def dropped_lines_text(runs: list[RunResult]) -> str:
@@ -73,7 +75,8 @@ def dropped_lines_text(runs: list[RunResult]) -> str:
 
 @stats.extreme_values_shown
 def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, baseline: str | None = None,
-                 extra_sections: Sequence[SectionMaker] = ()) -> Path:
+                 extra_sections: Sequence[SectionMaker] = (),
+                 extra_warnings: Sequence[WarningMaker] = ()) -> Path:
     """Write summary.csv, rankings.csv, comparisons.csv, the PNG plots and index.html for a suite folder; return
     the path of index.html.
 
@@ -91,7 +94,9 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     (when the runs span more than one network) throughput, time to target and speed-up against the link rate, with
     a 'By network' section. A 'Robust comparisons' section gives IQM, probability of improvement, the MLPerf result
     and AlgoPerf scores over the labels that ran every problem; each of `extra_sections` may add a section after it
-    (`dtbench report` passes the Claims section: harness/claims/section.py). Warnings at the top name runs starved
+    (`dtbench report` passes the Claims section: harness/claims/section.py), and each of `extra_warnings`
+    (suite_dir, runs) -> HTML a warning at the top (`dtbench report` passes the runs that suite.toml no longer asks
+    for: harness/report/stale.py). Warnings at the top name runs starved
     of CPU and say when labels have fewer than 3 seeds.
 
     out_dir defaults to suite_dir/report. Aggregates, curves and bar plots use the completed runs (every run
@@ -170,7 +175,8 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     html = page.render_html(suite, generated, table, aggregates, tables.failures(runs), shown, scope, sections,
                             named,
-                            [hygiene.noisy_html(table), page.small_sample_html(aggregates),
+                            [*(warn(suite_dir, runs) for warn in extra_warnings), hygiene.noisy_html(table),
+                             page.small_sample_html(aggregates),
                              f'<p class="warning"><b>Corrupt records.</b> {html_escape(dropped)}.</p>\n' if dropped
                              else ""],
                             rankings=rankings.rankings_html(ranked, base_of, interval), interval=interval,

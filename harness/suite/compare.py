@@ -1,14 +1,19 @@
 """Which fields of two run specs differ: what `--resume` checks before it keeps a completed run, and what the page
-marks on a run whose spec.json is not what the suite.toml beside it asks for."""
+marks on a run whose spec.json is not what the suite.toml beside it asks for (against_suite)."""
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
 from typing import Any
 
 from harness.suite.spec import RunSpec
 
 #: Fields that say where a spec came from, not what runs: a suite file moved or copied asks for the same runs.
 PROVENANCE = frozenset({"suite_file"})
+
+#: Fields a launch option sets on every run without the suite file (--nodes on SLURM): not a difference of the suite.
+LAUNCH_FIELDS = frozenset({"nodes"})
 
 
 def stored_spec(document: dict[str, Any] | str) -> RunSpec:
@@ -66,3 +71,47 @@ def _at(document: dict[str, Any], path: str) -> Any:
     for key in path.split("."):
         value = value.get(key, _MISSING) if isinstance(value, dict) else _MISSING
     return value
+
+
+def against_suite(suite_file: Path, stored: list[tuple[str, dict[str, Any]]]) -> tuple[list[tuple[str, str]],
+                                                                                         str | None]:
+    """([(folder, what differs)] for the stored specs (folder name, spec.json's object) that `suite_file` does not
+    ask for under their run id, or a reason the check could not be made). A run launched with --network is compared
+    with the suite expanded under its own network; launch fields (LAUNCH_FIELDS) are not compared. No such file:
+    nothing to check."""
+    from harness.suite.expand import expand_suite
+    from harness.suite.files import FileError
+
+    if not suite_file.is_file():
+        return [], None
+    expansions: dict[str, dict[str, RunSpec]] = {}
+
+    def expanded(network) -> dict[str, RunSpec]:
+        key = network.model_dump_json() if network is not None else ""
+        if key not in expansions:
+            with warnings.catch_warnings():  # the machine's warnings (cores, threads) are the run's business
+                warnings.simplefilter("ignore")
+                expansions[key] = {s.run_id: s for s in expand_suite(suite_file, None, network)}
+        return expansions[key]
+
+    found = []
+    try:
+        plain = expanded(None)
+        for name, document in stored:
+            try:
+                spec = stored_spec(document)
+            except ValueError as exc:
+                found.append((name, f"its spec.json does not read as a spec ({str(exc).splitlines()[0]})"))
+                continue
+            wanted = plain.get(spec.run_id)
+            if wanted is None and spec.network is not None:
+                wanted = expanded(spec.network).get(spec.run_id)
+            if wanted is None:
+                found.append((name, "suite.toml has no such run"))
+                continue
+            wanted = wanted.model_copy(update={field: getattr(spec, field) for field in LAUNCH_FIELDS})
+            if differences(spec, wanted):
+                found.append((name, describe(wanted, spec)))
+    except FileError as exc:
+        return [], f"the runs could not be checked against {suite_file}: {exc}"
+    return found, None
