@@ -1,11 +1,15 @@
 """A static, offline summary of the asv results: the latest run and the history across commits, in markdown and HTML.
 
     python benchmarks/asv_tools/summary.py [--results-dir .asv/results] [--out .asv/summary] [--machine NAME]
+        [--commits 12]
 
 asv's own HTML (`asv publish`) loads its JavaScript from CDNs and stays blank offline; this writes plain files:
 `index.md` and `index.html` (one self-contained page, plots embedded), `latest.csv`, `history.csv`, and per
 benchmark module `latest_<module>.png` (the latest value of every benchmark and parameter combination) and
-`history_<module>.png` (each value over the commits, oldest to newest). One run per commit is kept: the newest.
+`history_<module>.png` (each value over the commits, oldest to newest). Both pages also hold the history as a table:
+a row per benchmark and parameter combination, a column per stored commit (the newest `--commits`), where the HTML
+marks each value beyond the regression check's factor against the commit before it. One run per commit is kept:
+the newest.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from typing import Any
 
 import pandas as pd
 from asv_results import ResultsError, load_results, read_benchmarks, result_files
-from regress import human
+from regress import DEFAULT_FACTOR, human
 
 HISTORY_COLUMNS = ("commit", "commit_date", "run_at", "file", "benchmark", "module", "function", "params",
                    "value", "unit", "type")
+#: Commits shown in the history table by default (the newest; history.csv and the plots keep them all).
+TABLE_COMMITS = 12
 
 
 def load_history(results_dir: str | Path, machine: str | None = None) -> pd.DataFrame:
@@ -87,6 +93,67 @@ def latest_table(history: pd.DataFrame) -> pd.DataFrame:
         latest = latest.assign(previous=math.nan)
     latest["ratio"] = latest["value"] / latest["previous"]
     return latest.reset_index(drop=True)
+
+
+def history_table(history: pd.DataFrame, commits: int = TABLE_COMMITS) -> pd.DataFrame:
+    """A history table -> one row per benchmark and parameter combination (in the newest commit's order, then any
+    that only older commits ran), columns benchmark, params, unit and one per commit (its short hash; the newest
+    `commits` of them, oldest first) holding the value, NaN where it failed or did not run."""
+    shown = commits_in_order(history)[-commits:]
+    keys = ["benchmark", "params"]
+    if not shown:
+        return pd.DataFrame(columns=[*keys, "unit"])
+    part = history[history["commit"].isin(shown)]
+    wide = part.pivot_table(index=keys, columns="commit", values="value", aggfunc="last", dropna=False, sort=False)
+    wide = wide.reindex(columns=shown)
+    units = part.groupby(keys, sort=False)["unit"].last()
+    order = list(dict.fromkeys([*map(tuple, part.loc[part["commit"] == shown[-1], keys].values),
+                                *map(tuple, part[keys].values)]))
+    wide = wide.reindex(pd.MultiIndex.from_tuples(order, names=keys))
+    wide.insert(0, "unit", units.reindex(wide.index).values)
+    return wide.reset_index().rename_axis(columns=None)
+
+
+def commit_labels(history: pd.DataFrame, commits: Sequence[str]) -> dict[str, str]:
+    """Short hash -> 'hash (YYYY-MM-DD)', the commit's date as asv stored it."""
+    dates = history.groupby("commit")["commit_date"].first()
+    return {c: f"{c} ({dates[c]:%Y-%m-%d})" if c in dates and pd.notna(dates[c]) else c for c in commits}
+
+
+def change_class(value: float, previous: float, factor: float = DEFAULT_FACTOR) -> str:
+    """'worse' above factor x the commit before, 'better' below 1 / factor, '' otherwise or where either is
+    missing (every value is smaller-is-better)."""
+    if not (math.isfinite(value) and math.isfinite(previous)) or previous <= 0 or value < 0:
+        return ""
+    ratio = value / previous
+    return "worse" if ratio > factor else "better" if ratio < 1 / factor else ""
+
+
+def _history_text(table: pd.DataFrame, labels: dict[str, str]) -> pd.DataFrame:
+    """The history table as text: each value in its unit, '-' where missing."""
+    commits = [c for c in table.columns if c in labels]
+    text = table[["benchmark", "params"]].copy()
+    for commit in commits:
+        text[labels[commit]] = [human(v, u) for v, u in zip(table[commit], table["unit"], strict=True)]
+    return text
+
+
+def _history_html(table: pd.DataFrame, labels: dict[str, str], factor: float = DEFAULT_FACTOR) -> str:
+    """The history table as an HTML table, each value classed 'worse' or 'better' against the commit before."""
+    commits = [c for c in table.columns if c in labels]
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in ["benchmark", "params", *(labels[c] for c in commits)])
+    rows = []
+    for _, row in table.iterrows():
+        cells = [f"<td>{html.escape(str(row['benchmark']))}</td>", f"<td>{html.escape(str(row['params']))}</td>"]
+        previous = math.nan
+        for commit in commits:
+            value = row[commit]
+            kind = change_class(value, previous, factor)
+            cells.append(f"<td class='num {kind}'>{html.escape(human(value, row['unit']))}</td>".replace(" '>", "'>"))
+            if math.isfinite(value):
+                previous = value
+        rows.append(f"<tr>{''.join(cells)}</tr>")
+    return f"<table class='history'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
 # ------------------------------------------------------------------------------------------------------ plots
@@ -232,29 +299,48 @@ def _header(history: pd.DataFrame, commits: list[str]) -> list[str]:
     return lines
 
 
-def render_markdown(history: pd.DataFrame, images: Sequence[str]) -> str:
-    commits = commits_in_order(history)
+def _history_intro(shown: int, stored: int, factor: float = DEFAULT_FACTOR) -> str:
+    kept = f"the newest {shown} of {stored} stored commits" if shown < stored else f"the {stored} stored commit(s)"
+    return (f"Each benchmark across {kept}, oldest left. The regression check (benchmarks/asv_tools/regress.py) "
+            f"flags a value above {factor:g}x its baseline's; in the HTML page a value above {factor:g}x the commit "
+            f"before it is red, below 1/{factor:g} green.")
+
+
+def render_markdown(history: pd.DataFrame, images: Sequence[str], commits: int = TABLE_COMMITS) -> str:
+    stored = commits_in_order(history)
     parts = ["# dtbench benchmarks: summary", ""]
-    if not commits:
+    if not stored:
         return "\n".join(parts + ["No asv results yet: run `nox -s bench`.", ""])
-    parts += [line + "  " for line in _header(history, commits)]
-    parts += ["", "## Latest results", "", markdown_table(_display(latest_table(history))), "", "## Plots", ""]
+    parts += [line + "  " for line in _header(history, stored)]
+    parts += ["", "## Latest results", "", markdown_table(_display(latest_table(history)))]
+    table = history_table(history, commits)
+    labels = commit_labels(history, [c for c in table.columns if c in stored])
+    parts += ["", "## History, commit by commit", "", _history_intro(len(labels), len(stored)), "",
+              markdown_table(_history_text(table, labels))]
+    parts += ["", "## Plots", ""]
     parts += [f"![{name}]({name})" for name in images]
     return "\n".join(parts + [""])
 
 
-def render_html(history: pd.DataFrame, images: dict[str, bytes], generated: str) -> str:
-    commits = commits_in_order(history)
+def render_html(history: pd.DataFrame, images: dict[str, bytes], generated: str,
+                commits: int = TABLE_COMMITS) -> str:
+    stored = commits_in_order(history)
     style = ("body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1400px}"
              "table{border-collapse:collapse;font-size:.85em}th,td{border:1px solid #ccc;padding:.2em .6em}"
-             "th{background:#f0f0f0}img{max-width:100%;border:1px solid #eee;margin:.5em 0}.meta{color:#666}")
+             "th{background:#f0f0f0}img{max-width:100%;border:1px solid #eee;margin:.5em 0}.meta{color:#666}"
+             "td.num{text-align:right;white-space:nowrap}td.worse{background:#f8d0d0}td.better{background:#d4f0d4}")
     body = [f"<h1>dtbench benchmarks: summary</h1><p class='meta'>generated {html.escape(generated)}</p>"]
-    if not commits:
+    if not stored:
         body.append("<p>No asv results yet: run <code>nox -s bench</code>.</p>")
     else:
-        body += [f"<p>{html.escape(line)}</p>" for line in _header(history, commits)]
+        body += [f"<p>{html.escape(line)}</p>" for line in _header(history, stored)]
         body.append("<h2>Latest results</h2>")
         body.append(_display(latest_table(history)).to_html(index=False, escape=True, border=0))
+        table = history_table(history, commits)
+        labels = commit_labels(history, [c for c in table.columns if c in stored])
+        body.append("<h2>History, commit by commit</h2>")
+        body.append(f"<p>{html.escape(_history_intro(len(labels), len(stored)))}</p>")
+        body.append(_history_html(table, labels))
         body.append("<h2>Plots</h2>")
         for name, data in images.items():
             encoded = base64.b64encode(data).decode("ascii")
@@ -264,30 +350,31 @@ def render_html(history: pd.DataFrame, images: dict[str, bytes], generated: str)
             f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
 
 
-def write_summary(results_dir: str | Path, out_dir: str | Path, machine: str | None = None) -> Path:
+def write_summary(results_dir: str | Path, out_dir: str | Path, machine: str | None = None,
+                  commits: int = TABLE_COMMITS) -> Path:
     """Write the summary files (module docstring) into out_dir; return the path of index.md."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     history = load_history(results_dir, machine)
-    commits = commits_in_order(history)
+    stored = commits_in_order(history)
     history.to_csv(out_dir / "history.csv", index=False)
     latest_table(history).to_csv(out_dir / "latest.csv", index=False)
     images: dict[str, bytes] = {}
-    if commits:
-        latest = history[history["commit"] == commits[-1]]
+    if stored:
+        latest = history[history["commit"] == stored[-1]]
         for module in dict.fromkeys(latest["module"]):
             images[f"latest_{module}.png"] = png_bytes(plot_latest(latest[latest["module"] == module]))
         for module in dict.fromkeys(history["module"]):
-            images[f"history_{module}.png"] = png_bytes(plot_history(history[history["module"] == module], commits))
+            images[f"history_{module}.png"] = png_bytes(plot_history(history[history["module"] == module], stored))
     for stale in out_dir.glob("*.png"):
         if stale.name not in images:
             stale.unlink()
     for name, data in images.items():
         (out_dir / name).write_bytes(data)
     generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    (out_dir / "index.html").write_text(render_html(history, images, generated))
+    (out_dir / "index.html").write_text(render_html(history, images, generated, commits))
     index = out_dir / "index.md"
-    index.write_text(render_markdown(history, list(images)))
+    index.write_text(render_markdown(history, list(images), commits))
     return index
 
 
@@ -296,9 +383,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results-dir", default=".asv/results", help="asv's results folder (default .asv/results)")
     parser.add_argument("--out", default=".asv/summary", help="where to write (default .asv/summary)")
     parser.add_argument("--machine", help="asv machine name (default: that of the newest results)")
+    parser.add_argument("--commits", type=int, default=TABLE_COMMITS,
+                        help=f"commits in the history table, the newest (default {TABLE_COMMITS})")
     args = parser.parse_args(argv)
+    if args.commits < 1:
+        parser.error("--commits must be at least 1")
     try:
-        index = write_summary(args.results_dir, args.out, args.machine)
+        index = write_summary(args.results_dir, args.out, args.machine, args.commits)
     except ResultsError as err:
         print(f"summary: {err}", file=sys.stderr)
         return 2

@@ -198,6 +198,17 @@ def test_factor_overrides_by_glob_and_bench_filter(tmp_path):
     assert list(only["benchmark"]) == [FIXTURE]
 
 
+def test_a_benchmark_with_a_factor_of_its_own_keeps_it_unless_overridden():
+    base = pd.DataFrame([{"benchmark": "runner.RunnerCost.track_runner_cost_per_step", "params": "", "value": 100.0,
+                          "ci_low": float("nan"), "ci_high": float("nan"), "unit": "us", "type": "track",
+                          "started_at": 0.0}])
+    slower = base.assign(value=250.0)
+    assert regress.compare(base, slower)["status"].tolist() == ["ok"]  # 2.5x, within its own 3x
+    assert regress.compare(base, base.assign(value=320.0))["status"].tolist() == ["regression"]
+    overridden = regress.compare(base, slower, overrides=[("runner.*", 2.0)])
+    assert overridden["status"].tolist() == ["regression"] and overridden["factor"].tolist() == [2.0]
+
+
 def test_main_exit_status_and_table(tmp_path, capsys):
     results = tmp_path / "results"
     base = write_results(results, "a" * 40, 1, baseline_rows(fixture=0.010))
@@ -346,3 +357,38 @@ def test_write_summary_without_results(tmp_path):
     index = summary.write_summary(tmp_path / "nothing", tmp_path / "summary")
     assert "No asv results yet" in index.read_text()
     assert not list((tmp_path / "summary").glob("*.png"))
+
+
+def test_the_history_table_puts_each_benchmark_across_the_commits(tmp_path):
+    results = two_commits(tmp_path)
+    rows = baseline_rows(fixture=0.020, ratio=0.80)  # a third commit: the fixture 1.67x slower, the ratio better
+    del rows[PAYLOAD]  # ... and one benchmark that did not run
+    write_results(results, "c" * 40, 3_000_000_000_000, rows)
+    history = summary.load_history(results)
+    table = summary.history_table(history)
+    assert list(table.columns) == ["benchmark", "params", "unit", "aaaaaaaa", "bbbbbbbb", "cccccccc"]
+    fixture = table.set_index(["benchmark", "params"]).loc[(FIXTURE, "")]
+    assert [fixture[c] for c in ("aaaaaaaa", "bbbbbbbb", "cccccccc")] == pytest.approx([0.010, 0.012, 0.020])
+    payload = table[table["benchmark"] == PAYLOAD]
+    assert len(payload) == 4 and payload["cccccccc"].isna().all() and payload["bbbbbbbb"].notna().all()
+    assert list(table["benchmark"])[-4:] == [PAYLOAD] * 4  # rows of the newest commit first
+    assert list(summary.history_table(history, commits=2).columns)[3:] == ["bbbbbbbb", "cccccccc"]
+
+    page = summary.render_html(history, {}, "now")
+    section = page[page.index("History, commit by commit"):]
+    fixture_row = section[section.index(f"<td>{FIXTURE}</td>"):]
+    fixture_row = fixture_row[:fixture_row.index("</tr>")]
+    assert "<td class='num'>10 ms</td><td class='num'>12 ms</td><td class='num worse'>20 ms</td>" in fixture_row
+    ratio_row = section[section.index(f"<td>{DDP_RATIO}</td>"):]
+    assert "<td class='num better'>0.8 x torch DDP</td>" in ratio_row[:ratio_row.index("</tr>")]
+    text = summary.render_markdown(history, [])
+    assert "| aaaaaaaa (2001-09-09) | bbbbbbbb (2033-05-18) | cccccccc (2065-01-24) |" in text
+    assert f"| {FIXTURE} |  | 10 ms | 12 ms | 20 ms |" in text
+    assert "1.25x" in text
+
+
+def test_a_change_is_marked_against_the_commit_before_beyond_the_factor():
+    assert summary.change_class(0.0126, 0.010) == "worse" and summary.change_class(0.0125, 0.010) == ""
+    assert summary.change_class(0.0079, 0.010) == "better" and summary.change_class(0.0081, 0.010) == ""
+    assert summary.change_class(float("nan"), 0.010) == summary.change_class(0.010, float("nan")) == ""
+    assert summary.change_class(0.5, 0.0) == "" and summary.change_class(3.0, 1.0, factor=2) == "worse"
