@@ -128,12 +128,15 @@ COST_PARAMS = {"batch_size": 32, "lr": 0.01, "momentum": 0.9}
 
 
 def runner_against_method(rank: int, world_size: int, rounds: int, steps: int, workload: str = COST_WORKLOAD,
-                          params: dict | None = None) -> dict[str, list[float]]:
+                          params: dict | None = None, cpu_steps: int = 0) -> dict[str, list[float]]:
     """Per-step seconds of the runner's whole step (`Loop.train_one_step` of ddp: the batch, the method's step, the
     train record, the ranks' agreement) and of the method's step alone (`train_step` of the same ddp on the same
     batches, no Loop), in alternating blocks of `steps` after `steps` warm-up steps each.
 
-    Returns {"whole": [...], "method": [...]}, one value per round; their difference is what the runner adds.
+    Returns {"whole": [...], "method": [...]}, one value per round (their difference is what the runner adds), and
+    "runner_cpu": for `cpu_steps` more whole steps, each step's CPU seconds of this thread in `train_one_step`
+    outside the method's `train_step` (the runner's own work, free of other processes' time; measured after the
+    timed rounds, so that its clock calls are not in them).
     """
     from harness.data.tensors import Batch
 
@@ -149,8 +152,36 @@ def runner_against_method(rank: int, world_size: int, rounds: int, steps: int, w
 
         times = interleaved({"whole": loop.train_one_step, "method": method_step}, rounds, steps, warmup=steps,
                             clocks={"whole": loop.clock})
+        times["runner_cpu"] = runner_cpu(loop, cpu_steps)
         loop.writer.close()
     return times
+
+
+def runner_cpu(loop: Any, steps: int) -> list[float]:
+    """Each of `steps` calls of loop.train_one_step: this thread's CPU seconds in it outside the method's
+    train_step (time.thread_time around both)."""
+    inner = loop.method.train_step
+    in_method = 0.0
+
+    def timed(batch: Any) -> Any:
+        nonlocal in_method
+        start = time.thread_time()
+        try:
+            return inner(batch)
+        finally:
+            in_method += time.thread_time() - start
+
+    loop.method.train_step = timed
+    out = []
+    try:
+        for _ in range(steps):
+            in_method = 0.0
+            start = time.thread_time()
+            loop.train_one_step()
+            out.append(time.thread_time() - start - in_method)
+    finally:
+        del loop.method.train_step  # the class's method again
+    return out
 
 
 def per_round_cost(ranks: list[dict[str, list[float]]], whole: str = "whole", method: str = "method") -> list[float]:
