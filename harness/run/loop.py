@@ -115,7 +115,11 @@ class Loop:
         self._first_nonfinite: int | None = None  # the first such step on any rank (agreed)
         self._next_sync_step = 1
         self._interval = 1
-        self._control = None  # (future, flags) of the control round in flight
+        # The control round's flags: one buffer for every round (a round is collected before the next launches),
+        # written and read through its numpy view, which costs a step less than making and indexing a tensor.
+        self._flags = torch.zeros(6, dtype=torch.float64)
+        self._flag_values = self._flags.numpy()
+        self._control = None  # the future of the control round in flight
 
     def run(self) -> Outcome:
         """Train to the end of the budget (or a divergence, or an agreed stop); then write this rank's `cpu` record."""
@@ -206,6 +210,9 @@ class Loop:
 
     def _agree(self, diverged: bool, last: bool, stop: int) -> tuple[bool, bool, bool, int]:
         """(diverged, time budget spent, eval due by time, stop signal or 0), the same on every rank."""
+        if (self.comm.world_size > 1 and not last and self._control is not None
+                and self.step < self._next_sync_step):
+            return False, False, False, 0  # a round is in flight and not yet due: nothing is agreed at this step
         train_s = self.clock.train()
         time_up = self.plan.max_train_seconds is not None and train_s >= self.plan.max_train_seconds
         eval_due = train_s >= self._next_eval_time
@@ -232,10 +239,9 @@ class Loop:
     def _launch(self, diverged: bool, time_up: bool, eval_due: bool, stop: int, train_s: float) -> None:
         proposal = min(CONTROL_MAX_STEPS, max(1, int(CONTROL_PERIOD_S * self.step / max(train_s, 1e-9))))
         first = -float(self._diverged_at) if self._diverged_at is not None else -math.inf  # MAX: the earliest
-        flags = torch.tensor([float(diverged), float(time_up), float(eval_due), float(stop), float(proposal), first],
-                             dtype=torch.float64)
-        future = self.comm.all_reduce(flags, "control", op=torch.distributed.ReduceOp.MAX, async_op=True)
-        self._control = (future, flags)
+        self._flag_values[:] = (float(diverged), float(time_up), float(eval_due), float(stop), float(proposal), first)
+        self._control = self.comm.all_reduce(self._flags, "control", op=torch.distributed.ReduceOp.MAX,
+                                             async_op=True)
         self._next_sync_step = self.step + self._interval
 
     def _settle(self) -> None:
@@ -246,17 +252,16 @@ class Loop:
     def _collect(self) -> list[float]:
         """The agreed flags: (diverged, time_up, eval_due, stop signal, minus the first non-finite step), each the
         max over ranks."""
-        future, flags = self._control
-        future.wait()
+        self._control.wait()
         self._control = None
-        self._interval = int(flags[4])  # the same on every rank: the max of the proposals
-        return [*flags[:4].tolist(), float(flags[5])]
+        agreed = self._flag_values.tolist()
+        self._interval = int(agreed[4])  # the same on every rank: the max of the proposals
+        return [*agreed[:4], agreed[5]]
 
     def _log_train(self, loss: float, extra: dict[str, Any]) -> None:
         sent, recv = self.comm.ledger.training_bytes()
-        self.writer.write("train", step=self.step, epoch=self.order.epoch_of(self.step), samples=self._samples(),
-                          loss=loss, lr=self.lr, bytes_sent=sent, bytes_recv=recv,
-                          bytes_by_category=self.comm.ledger.by_category(), **extra)
+        self.writer.write_train(self.step, self.order.epoch_of(self.step), self._samples(), loss, self.lr, sent, recv,
+                                self.comm.ledger.by_category(), extra)
 
     def evaluate(self) -> EvalResult | None:
         """Evaluate with the train clock stopped on every rank (a barrier closes the excluded interval)."""

@@ -25,6 +25,20 @@ def _clean(value: Any) -> Any:
 
 
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(", ", ": "))
+#: The train record's own keys: `extra` fields named so go through write(), which lets them replace these.
+TRAIN_KEYS = frozenset({"kind", "rank", "wall_time_s", "train_time_s", "step", "epoch", "samples", "loss", "lr",
+                        "bytes_sent", "bytes_recv", "bytes_by_category"})
+
+
+def _plain_float(value: Any) -> bool:
+    """A finite float of the float type itself (the encoder writes those as their repr; a subclass such as numpy's
+    float64 has a repr of its own)."""
+    return type(value) is float and math.isfinite(value)
+
+
+def _plain_key(key: Any) -> bool:
+    """A key the encoder writes as it is between quotes (nothing to escape)."""
+    return type(key) is str and key.isascii() and key.isidentifier()
 
 
 class MetricsWriter:
@@ -45,6 +59,37 @@ class MetricsWriter:
         except ValueError:  # a NaN or inf somewhere: the slow path spells them as strings
             line = _ENCODER.encode(_clean(record))
         os.write(self._fd, (line + "\n").encode())
+
+    def write_train(self, step: int, epoch: float, samples: int, loss: float | None, lr: float, bytes_sent: int,
+                    bytes_recv: int, bytes_by_category: dict[str, list[int]], extra: dict[str, Any]) -> None:
+        """The `train` record, written at every step: the very line that write("train", step=..., ..., **extra)
+        writes, formatted here directly (the hot path: a step's runner cost, docs/benchmarks.md) where every value
+        is a plain int or finite float, None for the loss, and the categories' names need no escaping; through
+        write() otherwise."""
+        wall, train = round(self.clock.wall(), 6), round(self.clock.train(), 6)
+        plain = (type(self.rank) is int and type(step) is int and type(samples) is int and type(bytes_sent) is int
+                 and type(bytes_recv) is int and _plain_float(epoch) and _plain_float(lr)
+                 and (loss is None or _plain_float(loss)) and _plain_float(wall) and _plain_float(train)
+                 and all(_plain_key(k) and type(v) is list and all(type(n) is int for n in v)
+                         for k, v in bytes_by_category.items()))
+        tail = "}"
+        if plain and extra:
+            plain = TRAIN_KEYS.isdisjoint(extra) and all(type(k) is str for k in extra)
+            if plain:
+                try:
+                    tail = ", " + _ENCODER.encode(extra)[1:]
+                except (TypeError, ValueError):  # a NaN, or a value the encoder does not know: write() decides
+                    plain = False
+        if not plain:
+            self.write("train", step=step, epoch=epoch, samples=samples, loss=loss, lr=lr, bytes_sent=bytes_sent,
+                       bytes_recv=bytes_recv, bytes_by_category=bytes_by_category, **extra)
+            return
+        categories = ", ".join(f'"{k}": [{", ".join(map(repr, v))}]' for k, v in bytes_by_category.items())
+        line = (f'{{"kind": "train", "rank": {self.rank!r}, "wall_time_s": {wall!r}, "train_time_s": {train!r}, '
+                f'"step": {step!r}, "epoch": {epoch!r}, "samples": {samples!r}, '
+                f'"loss": {"null" if loss is None else repr(loss)}, "lr": {lr!r}, "bytes_sent": {bytes_sent!r}, '
+                f'"bytes_recv": {bytes_recv!r}, "bytes_by_category": {{{categories}}}{tail}\n')
+        os.write(self._fd, line.encode())
 
     def close(self) -> None:
         if self._fd >= 0:
