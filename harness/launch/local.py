@@ -8,10 +8,13 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from tqdm import tqdm
 
 from harness.launch import warm
 from harness.launch.failures import describe_failure, error_time
@@ -48,6 +51,10 @@ def _entry(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, argv: list
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
     if tie is not None:  # the rank ends the moment its launcher does (harness/launch/tether.py)
         tie.hold()
+    # tqdm (datasets' progress bars, in a cold tokenization) would make its default lock, a multiprocessing RLock: a
+    # named semaphore that this rank's os._exit below never unlinks, so the resource tracker warned of a leak at the
+    # end of `dtbench run`. A rank's bars are its own: a thread lock serves.
+    tqdm.set_lock(threading.RLock())
     # The launcher's hang watch reads this rank's progress from shared memory (harness/run/heartbeat.py).
     heartbeat = Heartbeat(slots.writer(rank) if slots is not None else None, beat_s).start()
     # SIGUSR2 on any rank (from a batch system, or a person) stops the run after a checkpoint: state preempted,
