@@ -179,9 +179,6 @@ def test_a_benchmark_naming_a_moved_thing_fails_the_run(tmp_path):
     class Stale:  # as benchmarks/asv/pipeline.py stood when pipedream's generator had moved to its own package
         params = (["gpipe", "moved_generator"], [(4, 8), (16, 64)])
 
-        def setup(self, name: str, size: tuple[int, int]) -> None:
-            self.ran = True
-
         def time_generate(self, name: str, size: tuple[int, int]) -> None:
             from methods.pipeline.flushed import schedules
 
