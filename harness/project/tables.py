@@ -14,7 +14,8 @@ from harness.project.dpmodel import DataParallelModel
 from harness.project.host import DEDICATED, Host, host_of
 from harness.project.measured import RunMeasure, config_label
 from harness.project.model import Projected
-from harness.project.pipemodel import PipelineModel, stage_ranges
+from harness.project.partition import stage_ranges
+from harness.project.pipemodel import PipelineModel
 from harness.project.simulate import SENDS
 from harness.project.suite import CalibratedSuite, Calibration, Settings, shape
 from harness.trace import COMPUTE_OPS, step_bubble
