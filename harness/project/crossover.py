@@ -49,30 +49,37 @@ def crossover_table(suite: CalibratedSuite, world_sizes: Sequence[int], settings
     the baseline at the slowest and the fastest scanned rate. Each configuration is set against its own workload's
     baseline (tables.workload_bases); a workload with none has no rows."""
     bases = workload_bases(suite, baseline)
+    known: dict[tuple[int, int, str], float] = {}  # (calibration, world size, rate): every scan asks the same rates
+
+    def step_of(calibration: Calibration, world_size: int, bps: float) -> float:
+        key = (id(calibration), world_size, rate_text(bps))
+        if key not in known:
+            known[key] = step_at(calibration, world_size, bps, settings)
+        return known[key]
+
+    compared = [c for c in suite.calibrations if bases.get(c.workload) is not None and bases[c.workload] is not c]
+    pairs = [(c, n) for c in compared for n in world_sizes]
     rows = []
-    for c in suite.calibrations:
-        base = bases.get(c.workload)
-        if base is None or c is base:
-            continue
+    for c, n in pairs:
+        base = bases[c.workload]
         baseline = base.model.label
-        for n in world_sizes:
-            if not math.isfinite(step_at(c, n, SCAN_BPS[0], settings) + step_at(base, n, SCAN_BPS[0], settings)):
-                rows.append({"workload": c.workload, "label": c.model.label, "baseline": baseline, "world_size": n,
-                             "throughput_crossover": "not projected", "time_to_target_crossover": "not projected",
-                             "faster_at_slowest": None, "faster_at_fastest": None})
-                continue
-            per_sample = lambda bps, c=c, n=n, base=base: (step_at(base, n, bps, settings) / base.model.batch_size  # noqa: E731
-                                                - step_at(c, n, bps, settings) / c.model.batch_size)
-            rates = crossings(per_sample, SCAN_BPS)
-            target = []
-            if c.steps_to_target is not None and base.steps_to_target is not None:
-                to_target = lambda bps, c=c, n=n, base=base: (base.steps_to_target * step_at(base, n, bps, settings)  # noqa: E731
-                                                   - c.steps_to_target * step_at(c, n, bps, settings))
-                target = crossings(to_target, SCAN_BPS)
+        if not math.isfinite(step_of(c, n, SCAN_BPS[0]) + step_of(base, n, SCAN_BPS[0])):
             rows.append({"workload": c.workload, "label": c.model.label, "baseline": baseline, "world_size": n,
-                         "throughput_crossover": "; ".join(rate_text(r) for r in rates) or "none",
-                         "time_to_target_crossover": ("; ".join(rate_text(r) for r in target) or "none")
-                         if c.steps_to_target is not None else "never reaches the target",
-                         "faster_at_slowest": per_sample(SCAN_BPS[0]) > 0,
-                         "faster_at_fastest": per_sample(SCAN_BPS[-1]) > 0})
+                         "throughput_crossover": "not projected", "time_to_target_crossover": "not projected",
+                         "faster_at_slowest": None, "faster_at_fastest": None})
+            continue
+        per_sample = lambda bps, c=c, n=n, base=base: (step_of(base, n, bps) / base.model.batch_size  # noqa: E731
+                                                       - step_of(c, n, bps) / c.model.batch_size)
+        rates = crossings(per_sample, SCAN_BPS)
+        target = []
+        if c.steps_to_target is not None and base.steps_to_target is not None:
+            to_target = lambda bps, c=c, n=n, base=base: (base.steps_to_target * step_of(base, n, bps)  # noqa: E731
+                                                          - c.steps_to_target * step_of(c, n, bps))
+            target = crossings(to_target, SCAN_BPS)
+        rows.append({"workload": c.workload, "label": c.model.label, "baseline": baseline, "world_size": n,
+                     "throughput_crossover": "; ".join(rate_text(r) for r in rates) or "none",
+                     "time_to_target_crossover": ("; ".join(rate_text(r) for r in target) or "none")
+                     if c.steps_to_target is not None else "never reaches the target",
+                     "faster_at_slowest": per_sample(SCAN_BPS[0]) > 0,
+                     "faster_at_fastest": per_sample(SCAN_BPS[-1]) > 0})
     return pd.DataFrame(rows)

@@ -126,12 +126,18 @@ def run_tasks(ranks: list[list[Task]], link: Link, host: Host = DEDICATED, calib
     """(period, period on a free link, mean busy time per rank, bubble) of simulated steps. On a host whose cores
     the ranks share (a held-out run of a small machine), compute is slowed by the sharing the step implies
     (host.shared_run), from durations with the calibration's own sharing `calibrated` taken out."""
+    period, busy, bubble = run_on_link(ranks, link, host, calibrated)
+    return period, run_on_link(ranks, FREE, host, calibrated)[0], busy, bubble
+
+
+def run_on_link(ranks: list[list[Task]], link: Link, host: Host = DEDICATED, calibrated: float = 1.0
+                ) -> tuple[float, float, float]:
+    """(period, mean busy time per rank, bubble) of the simulated steps on `link` (run_tasks' sharing)."""
     base = scaled(ranks, 1 / calibrated) if calibrated != 1.0 else ranks
     window = set(range(SIMULATED_STEPS // 2, SIMULATED_STEPS))
     spans, _ = shared_run(base, host, lambda tasks: simulate(tasks, link), window)
-    free, _ = shared_run(base, host, lambda tasks: simulate(tasks, FREE), window)
     last = SIMULATED_STEPS - 1
-    return period_s(spans), period_s(free), busy_s(spans, last), simulated_bubble(spans, last)
+    return period_s(spans), busy_s(spans, last), simulated_bubble(spans, last)
 
 
 @dataclass
@@ -161,6 +167,10 @@ class PipelineModel:
     host_factor: float = 1.0
     weight_share: float = 0.5
     notes: list[str] = field(default_factory=list)
+    #: What projections reuse, as a calibrated model is fixed: a shape's tasks (link-independent), and their period
+    #: on a free link per host (the crossover scan projects one shape at hundreds of rates).
+    shapes: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    free_periods: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def same_shape(self, world_size: int, batch: int, microbatches: int, ranges: list[tuple[int, int]] | None
                    ) -> bool:
@@ -217,22 +227,38 @@ class PipelineModel:
                 ranges: list[tuple[int, int]] | None = None, host: Host = DEDICATED) -> Projected:
         """The traced step on `link` when the shape is the calibration's, else a generated order."""
         batch, microbatches = batch or self.batch_size, microbatches or self.microbatches
+        key = (world_size, batch, microbatches, None if ranges is None else tuple(map(tuple, ranges)))
+        if key not in self.shapes:
+            self.shapes[key] = self.shaped(world_size, batch, microbatches, ranges)
+        ranks, traced, more = self.shapes[key]
+        if ranks is None:
+            return Projected.missing(more[0])
         notes = list(self.notes)
-        if self.same_shape(world_size, batch, microbatches, ranges):
-            ranks = repeat(self.template, SIMULATED_STEPS, self.shift, self.iteration_shift)
+        if traced:
             overhead = self.overhead_s
         else:
-            try:
-                ranks, more = self.generated(world_size, batch, microbatches, ranges)
-            except ValueError as exc:
-                return Projected.missing(str(exc))
             overhead = self.generated_overhead_s
             notes += more + ["generated order: per-block costs at the new microbatch"]
-        period, free, busy, bubble = run_tasks(ranks, link, host, self.host_factor)
+        if (key, host, self.host_factor) not in self.free_periods:
+            self.free_periods[key, host, self.host_factor] = run_on_link(ranks, FREE, host, self.host_factor)[0]
+        free = self.free_periods[key, host, self.host_factor]
+        period, busy, bubble = run_on_link(ranks, link, host, self.host_factor)
         step = period + overhead
         parts = StepParts(step_s=step, compute_s=busy, exposed_comm_s=period - free, bubble_s=free - busy,
                           other_s=overhead)
         return Projected(parts, bubble, notes)
+
+    def shaped(self, world_size: int, batch: int, microbatches: int, ranges: list[tuple[int, int]] | None
+               ) -> tuple[list[list[Task]] | None, bool, list[str]]:
+        """(tasks, traced, notes) of a shape: the traced step when it is the calibration's, else a generated order
+        and its notes; (None, False, [why]) when none can be made."""
+        if self.same_shape(world_size, batch, microbatches, ranges):
+            return repeat(self.template, SIMULATED_STEPS, self.shift, self.iteration_shift), True, []
+        try:
+            ranks, more = self.generated(world_size, batch, microbatches, ranges)
+        except ValueError as exc:
+            return None, False, [str(exc)]
+        return ranks, False, more
 
 
 def template_tasks(measure: RunMeasure) -> tuple[list[list[Task]], int, int]:
