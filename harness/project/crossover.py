@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import brentq
 
+from harness.project.progress import phase
 from harness.project.suite import CalibratedSuite, Calibration, Settings
 from harness.project.tables import project_one, workload_bases
 
@@ -60,7 +61,7 @@ def crossover_table(suite: CalibratedSuite, world_sizes: Sequence[int], settings
     compared = [c for c in suite.calibrations if bases.get(c.workload) is not None and bases[c.workload] is not c]
     pairs = [(c, n) for c in compared for n in world_sizes]
     rows = []
-    for c, n in pairs:
+    for c, n in phase(pairs, "crossovers (configuration x world size)", "pair"):
         base = bases[c.workload]
         baseline = base.model.label
         if not math.isfinite(step_of(c, n, SCAN_BPS[0]) + step_of(base, n, SCAN_BPS[0])):

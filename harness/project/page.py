@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from harness.project.progress import phase
 from harness.project.tables import TTT_ASSUMPTION
 from harness.report.csvfile import read_csv
 from harness.report.figures import new_figure, note
@@ -134,7 +135,7 @@ def render(table: pd.DataFrame, errors: dict[str, dict], heading: str, shown_siz
     validation beside it and its rows at `shown_sizes`."""
     e = html.escape
     sections = []
-    for (workload, label), rows in table.groupby(["workload", "label"], sort=False):
+    for (workload, label), rows in phase(table.groupby(["workload", "label"], sort=False), "page figures", "figure"):
         method = str(rows["method"].iloc[0])
         fig = plot_configuration(rows, f"{label} on {workload}")
         at = rows[rows["world_size"].isin(shown_sizes)][

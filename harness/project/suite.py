@@ -13,6 +13,7 @@ from harness.project.links import UNSHAPED_RATE_BPS, WIRE_EFFICIENCY, Link, link
 from harness.project.measured import RunMeasure, measure
 from harness.project.pipemodel import PipelineModel, calibrate_pipeline
 from harness.project.profile import BlockCosts, default_batch_sizes, profile_workload
+from harness.project.progress import phase
 from harness.results import load_suite
 
 PROFILES_FILE = "projection_profiles.json"
@@ -168,13 +169,15 @@ def profiles_for(calibration: list[RunMeasure], measures: list[RunMeasure], path
     """Block costs per profile_key: read from `path` when it holds them at every exact batch the calibration runs
     used, else measured here (powers of two up to the largest global batch, and those exact batches) and saved."""
     stored = json.loads(path.read_text()) if path.is_file() and not reprofile else {}
-    profiles, changed = {}, False
+    profiles, missing, changed = {}, [], False
     for key in dict.fromkeys(profile_key(m) for m in calibration):
         exact = sorted({int(local_batch(m)) for m in calibration if profile_key(m) == key})
-        largest = max(m.batch_size for m in measures if profile_key(m) == key)
         if key in stored and set(exact) <= set(stored[key]["batch_sizes"]):
             profiles[key] = BlockCosts.from_dict(stored[key])
-            continue
+        else:
+            missing.append((key, exact))
+    for key, exact in phase(missing, "profiling block costs (stored for next time)", "workload"):
+        largest = max(m.batch_size for m in measures if profile_key(m) == key)
         workload, options, threads = json.loads(key)
         try:
             costs = profile_workload(workload, options or {}, default_batch_sizes(largest, exact), threads or 1)

@@ -16,6 +16,7 @@ from harness.project.measured import RunMeasure, config_label
 from harness.project.model import Projected
 from harness.project.partition import stage_ranges
 from harness.project.pipemodel import PipelineModel
+from harness.project.progress import phase
 from harness.project.simulate import SENDS
 from harness.project.suite import CalibratedSuite, Calibration, Settings, shape
 from harness.trace import COMPUTE_OPS, step_bubble
@@ -147,7 +148,8 @@ def validation_table(suite: CalibratedSuite, settings: Settings) -> pd.DataFrame
         if not suite.is_calibration(m):
             groups.setdefault((m.label, m.world_size, m.network, shape(m)), []).append(m)
     rows = []
-    for (label, world_size, network, _), runs in groups.items():
+    for (label, world_size, network, _), runs in phase(groups.items(), "validation (held-out configurations)",
+                                                        "configuration"):
         calibration = suite.for_run(runs[0])
         if calibration is None:
             continue

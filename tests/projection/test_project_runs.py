@@ -212,9 +212,14 @@ def test_the_verb_writes_projection_and_validation_files(suite, capsys):
     assert set(table["network"]) == {"1gbit", "10gbit"}
     for name in ("projection.png", "projection_validation.png", "projection_validation.csv"):
         assert (report / name).stat().st_size > 0
-    out = capsys.readouterr().out
-    assert "8 held-out configurations" in out
-    assert "Assumption: time to target" in out
+    captured = capsys.readouterr()
+    assert "8 held-out configurations" in captured.out
+    assert "Assumption: time to target" in captured.out
+    # each phase a person waits on says so on stderr (a bar on a terminal); stored block costs: no profiling
+    for phase in ("crossovers (configuration x world size) (4 pairs)", "validation (held-out configurations)",
+                  "page figures (3 figures)"):
+        assert f"dtbench project: {phase}" in captured.err
+    assert "profiling" not in captured.err
 
 
 @pytest.mark.parametrize(("args", "message"), [
