@@ -9,12 +9,14 @@ from collections.abc import Sequence
 import pandas as pd
 
 from harness.report import stats
+from harness.report.glossary import glossary_html
 from harness.report.tables import AGGREGATED, SHOWN
 from harness.suite.spec import compact
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1400px; }
 h1 { margin-bottom: 0.2em; } .meta { color: #666; }
+dl.glossary dt { font-weight: bold; margin-top: 0.5em; } dl.glossary dd { margin-left: 1.5em; max-width: 60em; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
 th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
@@ -205,7 +207,8 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
                 baseline: tuple[str, str] | None = None, warnings: Sequence[str] = (), rankings: str = "",
                 interval: str = stats.CI_WORDS, readings: dict[str, str] | None = None,
                 setups: dict[tuple[str, str], str] | None = None) -> str:
-    """What the page shows -> one self-contained HTML page (inline CSS, images as data: URIs, no links).
+    """What the page shows -> one self-contained HTML page (inline CSS, images as data: URIs, no links but to its
+    own sections), ending with the glossary of the words it uses (harness/report/glossary.py).
 
     `figures`: the Plots section's figures as HTML (plots.figures_html).
     `sections`: HTML sections placed after the per-label table (e.g. network.network_html), in order.
@@ -231,7 +234,8 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
 <body>
 <h1>dtbench report: {e(suite)}</h1>
 <p class="meta">Generated {e(generated)}. {len(table)} runs, {completed} completed.{baseline_html}</p>
-{"".join(warnings)}<p>{e(interval_note(interval))}</p>
+{"".join(warnings)}<p>{e(interval_note(interval))} The words the page uses are defined at its end (<a
+href="#glossary">glossary</a>).</p>
 {rankings}<section id="per-label">
 <h2>Per label (mean over seeds)</h2>
 <p>One row per workload and label, in the order of the rankings. Each cell is the mean [{e(ci)}]; n
@@ -249,6 +253,6 @@ with several workloads draw one panel per workload. Under each plot: the runs it
 {failures}
 <h2>All runs (summary.csv)</h2>
 {table_html(table)}
-</body>
+{glossary_html()}</body>
 </html>
 """

@@ -49,3 +49,16 @@ def test_time_to_target_bars_stand_on_a_linear_axis_and_long_labels_wrap() -> No
     ticks = [t.get_text() for t in ax.get_yticklabels()]
     assert all(len(line) <= TICK_CHARACTERS for tick in ticks for line in tick.splitlines())
     assert "\n" in ticks[0]
+
+
+def test_the_page_ends_with_a_glossary_that_the_docs_also_define():
+    """The page defines the words it uses before explaining them (label, bubble, 1F1B, censored time...), linked from
+    its top; docs/glossary.md, which the README links to, defines each of them too."""
+    from pathlib import Path
+
+    from harness.report.glossary import TERMS, glossary_html
+
+    section = glossary_html()
+    assert section.startswith('<h2 id="glossary">') and all(term in section for term in TERMS)
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "glossary.md").read_text().lower()
+    assert [term for term in TERMS if f"**{term.lower()}" not in docs] == []
