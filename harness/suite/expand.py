@@ -185,6 +185,8 @@ def _context(problem: Problem, placed: PlacedRun, workload: str) -> str:
         return f" (workload {workload!r})"
     if problem.check in ("schedule", "batch"):
         return f" (run {placed.where}, method {method!r})"
+    if problem.field == "nodes" and not placed.entry.nodes:  # the suite's key: say which run it does not fit
+        return f" (run {placed.where})"
     return ""
 
 

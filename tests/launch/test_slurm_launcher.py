@@ -100,7 +100,7 @@ def test_a_bad_site_or_nodes_flag_exits_2_and_writes_nothing(tmp_path, suite_fil
 def test_nodes_must_divide_the_world_size(tmp_path):
     path = tmp_path / "s.toml"
     path.write_text(SUITE.replace("nodes = 2", "nodes = 3"))
-    with pytest.raises(FileError, match=r"s.toml: nodes: world_size 4 of run\[0\] is not divisible by 3 nodes"):
+    with pytest.raises(FileError, match=r"s.toml: nodes: 3 nodes do not divide world_size 4 \(run run\[0\]\)$"):
         expand_suite(path)
 
 
@@ -170,11 +170,17 @@ def test_run_states_join_status_json_and_the_scheduler(status, job, expected):
 def test_submit_skips_completed_runs_on_resume(tmp_path, suite_file, fake_tianhe):
     specs = expand_suite(suite_file)
     site = load_site(ROOT / "sites" / "tianhe.toml")
-    done = tmp_path / "out" / "demo" / specs[0].run_id
-    done.mkdir(parents=True)
-    (done / "status.json").write_text(json.dumps({"state": "completed"}))
+    done, changed = (tmp_path / "out" / "demo" / spec.run_id for spec in specs[:2])
+    for run_dir, spec in ((done, specs[0]), (changed, specs[1])):
+        run_dir.mkdir(parents=True)
+        (run_dir / "status.json").write_text(json.dumps({"state": "completed"}))
+        (run_dir / "spec.json").write_text(spec.model_dump_json())
+    other = specs[1].model_copy(update={"params": {**specs[1].params, "lr": 0.123}})
+    (changed / "spec.json").write_text(other.model_dump_json())  # completed under another spec: submitted again
     submitted = submit_specs(specs, tmp_path / "out", site, resume=True)
     assert [s.spec.run_id for s in submitted] == [s.run_id for s in specs[1:]]
+    (earlier,) = (tmp_path / "out" / "demo" / ".earlier").iterdir()
+    assert json.loads((earlier / changed.name / "spec.json").read_text())["params"]["lr"] == 0.123
 
 
 def test_network_emulation_is_refused_for_slurm(tmp_path, capsys):
