@@ -3,8 +3,10 @@ sys.path."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,39 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@dataclass
+class Ran:
+    """What one `dtbench` command did in this process: its exit status and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def dtbench_here(capsys, monkeypatch):
+    """`dtbench ARGS...` run in this process -> Ran. Its ranks fork from the test session's warm server, so a call
+    costs no interpreter start and no torch import (a subprocess paid both, 2-4 s). The environment is the test's
+    (monkeypatch.setenv reaches the ranks, which take the environment as it is when they start), with one thread
+    per rank. For what only a real process shows (its exit on a signal, what outlives it, its warnings as printed
+    lines), run `python -m harness.cli` instead."""
+    from harness.cli import main
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+    def run(*args: str | os.PathLike, cwd: str | os.PathLike | None = None) -> Ran:
+        capsys.readouterr()
+        with contextlib.chdir(cwd or os.getcwd()):
+            try:
+                code = main([str(a) for a in args])
+            except SystemExit as exc:  # argparse's refusals: exit 2 with its usage line
+                code = exc.code if isinstance(exc.code, int) else 1
+        out = capsys.readouterr()
+        return Ran(code, out.out, out.err)
+
+    return run
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -10,6 +10,7 @@ from pydantic_core import PydanticUndefined
 from harness import registry
 from harness.suite.spec import RunSpec, compact
 
+
 def changed_params(spec: RunSpec) -> dict[str, Any]:
     """The run's resolved hyperparameters that differ from its method's own defaults (those the workload, the
     suite's [defaults] or the run's params set), in the method's field order; a field without a default always."""

@@ -17,4 +17,5 @@ def stale_html(found: list[tuple[str, str]], problem: str | None) -> str:
     return (f'<p class="warning"><b>Runs that the suite.toml beside them no longer asks for.</b> {len(found)} run '
             "folder(s) hold results of another spec than suite.toml gives their run id (kept from an earlier version "
             "of the suite; <code>dtbench run SUITE --resume</code> runs them again). Their numbers are in the tables "
-            f"and plots below as they ran (suite.toml value -&gt; the run's):</p>\n<ul class=\"warning\">{items}</ul>\n")
+            "and plots below as they ran (suite.toml value -&gt; the run's):</p>\n"
+            f'<ul class="warning">{items}</ul>\n')

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -28,8 +25,6 @@ from harness.memory import (
 )
 from harness.suite.expand import expand_suite
 from harness.suite.files import FileError
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
 
 
 def test_byte_counts_read_and_written():
@@ -134,14 +129,13 @@ params = {{ microbatches = 4 }}
     ("-5", "memory_per_rank: must be positive"),
     ("true", "memory_per_rank"),
 ])
-def test_a_bad_memory_per_rank_names_the_file_and_field(tmp_path, value, message):
+def test_a_bad_memory_per_rank_names_the_file_and_field(tmp_path, value, message, dtbench_here):
     path = tmp_path / "fit.toml"
     path.write_text(SUITE.format(memory=f"memory_per_rank = {value}"))
     with pytest.raises(FileError, match=message) as caught:
         expand_suite(path)
     assert str(path) in str(caught.value)
-    result = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(tmp_path / "out")],
-                            env=ENV, capture_output=True, text=True, timeout=120)
+    result = dtbench_here("run", str(path), "--out", str(tmp_path / "out"))
     assert result.returncode == 2 and not (tmp_path / "out").exists()
     assert len(result.stderr.strip().splitlines()) == 1
 
@@ -156,13 +150,12 @@ def test_memory_per_rank_is_in_the_spec_and_the_run_id(tmp_path):
     assert all("mem" not in s.run_id and s.memory_per_rank is None for s in expand_suite(path))
 
 
-def test_a_run_that_does_not_fit_stops_before_its_first_step_in_one_line(tmp_path):
+def test_a_run_that_does_not_fit_stops_before_its_first_step_in_one_line(tmp_path, dtbench_here):
     """ddp on digits-mlp plans 439,204 bytes per rank, gpipe's largest stage 338,944: a 400 KB budget refuses the
     first and trains the second. The refused run is no crash: exit 0, its folder says why, nothing trained."""
     path = tmp_path / "fit.toml"
     path.write_text(SUITE.format(memory='memory_per_rank = "400KB"'))
-    result = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(tmp_path)],
-                            env=ENV, capture_output=True, text=True, timeout=300)
+    result = dtbench_here("run", str(path), "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1/2 runs completed. 1 did not fit memory_per_rank." in result.stdout
     ddp, gpipe = (next((tmp_path / "fit").glob(f"{m}-*")) for m in ("ddp", "gpipe"))
@@ -177,8 +170,7 @@ def test_a_run_that_does_not_fit_stops_before_its_first_step_in_one_line(tmp_pat
     assert done["state"] == "completed"
     assert done["final"]["planned_memory_bytes"] == 338_944 <= 400_000
 
-    report = subprocess.run([sys.executable, "-m", "harness.cli", "report", str(tmp_path / "fit")], env=ENV,
-                            capture_output=True, text=True, timeout=300)
+    report = dtbench_here("report", str(tmp_path / "fit"))
     assert report.returncode == 0, report.stderr
     summary = pd.read_csv(tmp_path / "fit" / "report" / "summary.csv").set_index("method")
     assert summary.loc["ddp", "state"] == "does_not_fit"
@@ -188,16 +180,14 @@ def test_a_run_that_does_not_fit_stops_before_its_first_step_in_one_line(tmp_pat
     assert "does not fit (needs 439.2 KB &gt; 400.0 KB)" in page
     assert "Emulated device memory" in page
 
-    again = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(tmp_path),
-                            "--resume"], env=ENV, capture_output=True, text=True, timeout=300)
+    again = dtbench_here("run", str(path), "--out", str(tmp_path), "--resume")
     assert again.returncode == 0 and "does not fit earlier, skipped (--resume)" in again.stdout
 
 
-def test_every_run_records_its_plan_without_a_budget(tmp_path):
+def test_every_run_records_its_plan_without_a_budget(tmp_path, dtbench_here):
     path = tmp_path / "fit.toml"
     path.write_text(SUITE.format(memory="").replace('name = "fit"', 'name = "free"'))
-    result = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(tmp_path)],
-                            env=ENV, capture_output=True, text=True, timeout=300)
+    result = dtbench_here("run", str(path), "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     for run in (p.parent for p in (tmp_path / "free").glob("*/spec.json")):
         final = json.loads((run / "status.json").read_text())["final"]

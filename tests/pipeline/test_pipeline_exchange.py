@@ -4,9 +4,6 @@ refused where it is not deadlock-free (replicas, several stages per rank) with o
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +12,6 @@ from harness.cli import main
 from harness.results import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
 
 HEAD = """name = "ex"
 workload = "synthetic-mlp"
@@ -39,7 +35,7 @@ def _records(run_dir: Path) -> list[tuple]:
 
 
 @pytest.mark.slow
-def test_fused_exchange_trains_as_prepost_bitwise_without_deadlock(tmp_path):
+def test_fused_exchange_trains_as_prepost_bitwise_without_deadlock(tmp_path, dtbench_here):
     runs = ""
     for method, world in (("gpipe", 3), ("1f1b", 3), ("1f1b", 4)):
         for exchange in ("prepost", "fused"):
@@ -47,8 +43,7 @@ def test_fused_exchange_trains_as_prepost_bitwise_without_deadlock(tmp_path):
                      f'params = {{ exchange = "{exchange}", microbatches = 4 }}\n')
     path = tmp_path / "ex.toml"
     path.write_text(HEAD + runs)
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(tmp_path / "out"),
-                           "--quiet"], env=ENV, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = dtbench_here("run", str(path), "--out", str(tmp_path / "out"), "--quiet", cwd=ROOT)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     suite = tmp_path / "out" / "ex"
     for method, world in (("gpipe", 3), ("1f1b", 3), ("1f1b", 4)):

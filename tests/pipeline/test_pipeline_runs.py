@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -15,8 +12,6 @@ import pytest
 from harness.report import figures, pipeline
 from harness.report.pipeline import measured_bubble, traced_steps
 from harness.results import RunResult, metrics_frame, read_jsonl
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
 
 SUITE = """name = "pipes"
 workload = "digits-mlp"
@@ -60,12 +55,11 @@ def test_bubble_and_steps_from_trace_records():
 
 
 @pytest.mark.slow
-def test_pipeline_suite_end_to_end(tmp_path):
+def test_pipeline_suite_end_to_end(tmp_path, dtbench_here):
     path = tmp_path / "pipes.toml"
     path.write_text(SUITE)
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(out), "--quiet"],
-                          env=ENV, capture_output=True, text=True, timeout=300)
+    proc = dtbench_here("run", str(path), "--out", str(out), "--quiet")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for run_id in ("gpipe-digits-mlp-w2-microbatches4-trace_steps3-s0", "pipedream-digits-mlp-w2-trace_steps3-s0"):
         run_dir = out / "pipes" / run_id
@@ -85,8 +79,7 @@ def test_pipeline_suite_end_to_end(tmp_path):
         assert all(s["predicted_compute_s"] > 0 and s["measured_compute_s"] > 0 for s in partition["stages"])
         assert len(partition["profiles"]) == 3
     assert "best_with_replication" in partition  # pipedream's 'auto' split
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "report", str(out / "pipes")], env=ENV,
-                          capture_output=True, text=True, timeout=300)
+    proc = dtbench_here("report", str(out / "pipes"))
     assert proc.returncode == 0, proc.stderr
     table = pd.read_csv(out / "pipes" / "report" / "summary.csv")
     assert table["bubble"].between(0, 1).all()

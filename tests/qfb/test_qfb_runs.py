@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -13,8 +10,6 @@ import pytest
 
 from harness.report import pipeline
 from harness.results import RunResult, load_run, metrics_frame, read_jsonl
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
 
 SUITE = """name = "qfb"
 workload = "digits-mlp"
@@ -52,12 +47,11 @@ def test_the_gantt_chart_has_a_row_per_rank_and_lane():
 
 
 @pytest.mark.slow
-def test_qfb_suite_end_to_end(tmp_path):
+def test_qfb_suite_end_to_end(tmp_path, dtbench_here):
     path = tmp_path / "qfb.toml"
     path.write_text(SUITE)
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(out), "--quiet"],
-                          env=ENV, capture_output=True, text=True, timeout=300)
+    proc = dtbench_here("run", str(path), "--out", str(out), "--quiet")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dirs = sorted((out / "qfb").glob("qfb-*"))
     assert len(run_dirs) == 2
@@ -72,8 +66,7 @@ def test_qfb_suite_end_to_end(tmp_path):
         assert evals[-1]["test_accuracy"] > 0.1
         labels = [t.get_text() for t in pipeline.plot_gantt(load_run(run_dir)).axes[0].get_yticklabels()]
         assert labels == ["rank 0 lane 0", "rank 0 lane 1", "rank 1 lane 0", "rank 1 lane 1"]
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "report", str(out / "qfb")], env=ENV,
-                          capture_output=True, text=True, timeout=300)
+    proc = dtbench_here("report", str(out / "qfb"))
     assert proc.returncode == 0, proc.stderr
     table = pd.read_csv(out / "qfb" / "report" / "summary.csv")
     assert set(table["state"]) == {"completed"}

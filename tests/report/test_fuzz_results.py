@@ -16,7 +16,6 @@ from unittest import mock
 
 import pandas as pd
 import pytest
-
 from _fuzz import FUZZ, OUT, check_outcome, cli, outside, sandbox, snapshot, written
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st

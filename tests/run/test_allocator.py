@@ -105,11 +105,9 @@ def test_a_bad_allocator_names_the_file_and_field(tmp_path, top, run, field):
 
 @pytest.mark.slow
 @glibc_only
-def test_the_manifest_says_what_the_ranks_did(tmp_path):
+def test_the_manifest_says_what_the_ranks_did(tmp_path, dtbench_here):
     path = _suite(tmp_path, 'threads_per_rank = 1\nallocator = "system"\n', 'allocator = "retain"\n')
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(tmp_path / "out"),
-                           "--quiet"], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = dtbench_here("run", str(path), "--out", str(tmp_path / "out"), "--quiet", cwd=ROOT)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     runs = tmp_path / "out" / "a"
     sgd = json.loads((runs / "sgd-digits-mlp-w1-s0" / "manifest.json").read_text())

@@ -6,9 +6,6 @@ suite.toml beside it asks for."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,10 +25,9 @@ method = "sgd"
 RUN = "sgd-digits-mlp-w1-s0"
 
 
-def dtbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+@pytest.fixture
+def dtbench(dtbench_here):
+    return dtbench_here
 
 
 def write(tmp_path: Path, steps: int = 2, lr: float = 0.05) -> Path:
@@ -47,9 +43,10 @@ def train_steps(run_dir: Path) -> int:
 @pytest.fixture(scope="module")
 def first(tmp_path_factory) -> Path:
     """One completed run of the suite (2 steps, lr 0.05) in a folder of its own; each test copies it."""
+    from harness.cli import main
+
     tmp = tmp_path_factory.mktemp("first")
-    result = dtbench("run", str(write(tmp)), "--out", str(tmp / "out"), "--quiet", cwd=tmp)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert main(["run", str(write(tmp)), "--out", str(tmp / "out"), "--quiet"]) == 0
     return tmp / "out"
 
 
@@ -62,7 +59,7 @@ def copy_of(first: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("change, field", [({"lr": 0.1}, "params.lr 0.05 -> 0.1"),
                                            ({"steps": 3}, "budget.max_steps 2 -> 3")])
-def test_resume_runs_again_a_completed_run_whose_spec_changed(first, tmp_path, change, field):
+def test_resume_runs_again_a_completed_run_whose_spec_changed(first, tmp_path, dtbench, change, field):
     out = copy_of(first, tmp_path)
     result = dtbench("run", str(write(tmp_path, **change)), "--out", str(out), "--quiet", "--resume", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -77,7 +74,7 @@ def test_resume_runs_again_a_completed_run_whose_spec_changed(first, tmp_path, c
         (earlier[0] / "suite.toml").read_text()
 
 
-def test_resume_keeps_a_completed_run_whose_spec_is_unchanged(first, tmp_path):
+def test_resume_keeps_a_completed_run_whose_spec_is_unchanged(first, tmp_path, dtbench):
     out = copy_of(first, tmp_path)
     before = (out / "kept" / RUN / "metrics.jsonl").read_bytes()
     result = dtbench("run", str(write(tmp_path)), "--out", str(out), "--quiet", "--resume", cwd=tmp_path)
@@ -86,7 +83,7 @@ def test_resume_keeps_a_completed_run_whose_spec_is_unchanged(first, tmp_path):
     assert not (out / "kept" / ".earlier").exists()
 
 
-def test_a_second_run_without_resume_is_refused_and_keeps_the_results(first, tmp_path):
+def test_a_second_run_without_resume_is_refused_and_keeps_the_results(first, tmp_path, dtbench):
     out = copy_of(first, tmp_path)
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     result = dtbench("run", str(write(tmp_path)), "--out", str(out), "--quiet", cwd=tmp_path)
@@ -96,7 +93,7 @@ def test_a_second_run_without_resume_is_refused_and_keeps_the_results(first, tmp
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing written
 
 
-def test_overwrite_moves_the_earlier_results_aside(first, tmp_path):
+def test_overwrite_moves_the_earlier_results_aside(first, tmp_path, dtbench):
     out = copy_of(first, tmp_path)
     old = (out / "kept" / RUN / "metrics.jsonl").read_bytes()
     result = dtbench("run", str(write(tmp_path, lr=0.2)), "--out", str(out), "--quiet", "--overwrite", cwd=tmp_path)
@@ -111,14 +108,14 @@ def test_overwrite_moves_the_earlier_results_aside(first, tmp_path):
     assert [r.spec["params"]["lr"] for r in load_suite(out / "kept")] == [0.2]
 
 
-def test_resume_and_overwrite_together_are_refused(tmp_path):
+def test_resume_and_overwrite_together_are_refused(tmp_path, dtbench):
     result = dtbench("run", str(write(tmp_path)), "--out", str(tmp_path / "out"), "--resume", "--overwrite",
                      cwd=tmp_path)
     assert result.returncode == 2 and "not allowed with argument" in result.stderr
     assert not (tmp_path / "out").exists()
 
 
-def test_the_page_marks_a_run_that_suite_toml_no_longer_asks_for(first, tmp_path):
+def test_the_page_marks_a_run_that_suite_toml_no_longer_asks_for(first, tmp_path, dtbench):
     """An edit of the suite, then `--resume --only` of another run: the first run's results stay, under a suite.toml
     that now asks for another lr; the page says so, naming the run and the field."""
     out = copy_of(first, tmp_path)

@@ -3,16 +3,10 @@ nearest known one, type errors without odd advice, and field errors that name th
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from harness.suite.expand import expand_suite
 from harness.suite.files import FileError
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
 
 SUITE = """name = "v"
 workload = "digits-mlp"
@@ -37,15 +31,14 @@ def suite(tmp_path, budget="max_epochs = 1", defaults="", method="ddp", params="
     return path
 
 
-def test_a_cosine_warm_up_longer_than_the_budget_is_exit_2_with_nothing_written(tmp_path):
+def test_a_cosine_warm_up_longer_than_the_budget_is_exit_2_with_nothing_written(tmp_path, dtbench_here):
     """lr_schedule = "cosine" with a 2-epoch warm-up in a 1-epoch budget used to pass validation and fail every run
     at rank 0 after writing its folder."""
     path = suite(tmp_path, defaults='lr_schedule = "cosine"\nlr_warmup_epochs = 2')
     with pytest.raises(FileError, match=r"defaults\.lr_warmup_epochs: a warm-up of 2 epochs leaves the cosine "
                                         r"schedule none of the budget's 1 epochs"):
         expand_suite(path)
-    result = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(tmp_path / "out")],
-                            env=ENV, capture_output=True, text=True, timeout=120)
+    result = dtbench_here("run", str(path), "--out", str(tmp_path / "out"))
     assert result.returncode == 2 and not (tmp_path / "out").exists()
     assert len(result.stderr.strip().splitlines()) == 1 and str(path) in result.stderr
     path = suite(tmp_path, defaults='lr_schedule = "cosine"\nlr_warmup_epochs = 0.5')
