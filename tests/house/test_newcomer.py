@@ -138,12 +138,12 @@ def test_the_flat_all_gather_uses_the_current_collective_name():
 
 
 @pytest.mark.slow
-def test_a_compression_rank_log_carries_no_deprecation_warning(tmp_path):
+def test_a_compression_rank_log_carries_no_deprecation_warning(tmp_path, dtbench_here):
     suite = tmp_path / "dep.toml"
     suite.write_text('name = "dep"\nworkload = "digits-mlp"\nseeds = [0]\nthreads_per_rank = 1\n'
                      '[budget]\nmax_epochs = 0.1\neval_every_epochs = 0.1\n'
                      '[[run]]\nmethod = "dgc"\nworld_size = 2\n')
-    done = _dtbench("run", str(suite), "--out", str(tmp_path / "out"), "--quiet")
+    done = dtbench_here("run", suite, "--out", tmp_path / "out", "--quiet")
     assert done.returncode == 0, done.stdout + done.stderr
     logs = "".join(p.read_text() for p in (tmp_path / "out" / "dep").glob("*/logs/rank*.log"))
     assert "deprecated" not in logs.lower(), logs

@@ -26,21 +26,16 @@ def suite(tmp_path: Path, name: str, body: str, epochs: float = 1) -> Path:
     return path
 
 
-def dtbench(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], env=ENV, capture_output=True, text=True,
-                          timeout=300, **kwargs)
-
-
 def losses(run_dir: Path) -> list[tuple[int, int, float]]:
     return [(r["rank"], r["step"], r["loss"]) for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
 
 
-def test_runs_write_the_contract_files_and_repeat_bitwise(tmp_path):
+def test_runs_write_the_contract_files_and_repeat_bitwise(tmp_path, dtbench_here):
     body = '[[run]]\nmethod = "sgd"\n[[run]]\nmethod = "ddp"\nworld_size = 2\n'
     path = suite(tmp_path, "det", body)
     first, second = tmp_path / "a", tmp_path / "b"
     for out in (first, second):
-        proc = dtbench("run", str(path), "--out", str(out), "--quiet")
+        proc = dtbench_here("run", str(path), "--out", str(out), "--quiet")
         assert proc.returncode == 0, proc.stderr + proc.stdout
     for run_id in ("sgd-digits-mlp-w1-s0", "ddp-digits-mlp-w2-s0"):
         run_dir = first / "det" / run_id
@@ -100,10 +95,10 @@ def test_killed_rank_fails_the_run_quickly_and_the_suite_goes_on(tmp_path):
     assert proc.returncode != 0
 
 
-def test_nan_loss_marks_the_run_diverged(tmp_path):
+def test_nan_loss_marks_the_run_diverged(tmp_path, dtbench_here):
     body = '[[run]]\nmethod = "sgd"\nparams = { lr = 1e30 }\n[[run]]\nmethod = "ddp"\nworld_size = 2\n' \
            'params = { lr = 1e30 }\n'
-    proc = dtbench("run", str(suite(tmp_path, "nan", body, epochs=5)), "--out", str(tmp_path / "o"), "--quiet")
+    proc = dtbench_here("run", str(suite(tmp_path, "nan", body, epochs=5)), "--out", str(tmp_path / "o"), "--quiet")
     assert proc.returncode == 1
     run_dirs = sorted((tmp_path / "o" / "nan").glob("*-digits-mlp-*"))
     assert len(run_dirs) == 2
@@ -116,11 +111,11 @@ def test_nan_loss_marks_the_run_diverged(tmp_path):
     assert "diverged" in proc.stdout
 
 
-def test_rerun_from_the_run_folder_alone(tmp_path):
+def test_rerun_from_the_run_folder_alone(tmp_path, dtbench_here):
     path = suite(tmp_path, "re", '[[run]]\nmethod = "sgd"\n', epochs=0.5)
-    assert dtbench("run", str(path), "--out", str(tmp_path / "a"), "--quiet").returncode == 0
+    assert dtbench_here("run", str(path), "--out", str(tmp_path / "a"), "--quiet").returncode == 0
     run_dir = tmp_path / "a" / "re" / "sgd-digits-mlp-w1-s0"
     path.unlink()  # the suite file is gone: the run folder must be enough
-    proc = dtbench("rerun", str(run_dir), "--out", str(tmp_path / "b"), "--quiet")
+    proc = dtbench_here("rerun", str(run_dir), "--out", str(tmp_path / "b"), "--quiet")
     assert proc.returncode == 0, proc.stderr
     assert losses(run_dir) == losses(tmp_path / "b" / "re" / "sgd-digits-mlp-w1-s0")

@@ -56,10 +56,10 @@ def _dtbench(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_a_language_model_suite_runs_and_reports_time_to_a_held_out_loss(tmp_path, monkeypatch):
+def test_a_language_model_suite_runs_and_reports_time_to_a_held_out_loss(tmp_path, monkeypatch, dtbench_here):
     monkeypatch.setenv("DTBENCH_CACHE_DIR", str(tmp_path / "cache"))
     path = _suite(tmp_path, target_loss=3.0)
-    done = _dtbench("run", str(path), "--out", str(tmp_path / "out"), "--quiet")
+    done = _dtbench("run", str(path), "--out", str(tmp_path / "out"), "--quiet")  # a process: its stderr to the end
     assert done.returncode == 0, done.stdout + done.stderr
     # A cold tokenization draws datasets' progress bar in the rank: tqdm's default multiprocessing lock was a
     # semaphore the rank's os._exit left behind, and the resource tracker warned of it as the command ended.
@@ -68,7 +68,7 @@ def test_a_language_model_suite_runs_and_reports_time_to_a_held_out_loss(tmp_pat
     manifest = json.loads(next(suite_dir.glob("sgd-*/manifest.json")).read_text())
     assert manifest["data"]["tokenizer"] == "char" and manifest["data"]["held_out_tokens"] > 0
     assert len(manifest["data"]["text_sha256"]) == 64
-    assert _dtbench("report", str(suite_dir)).returncode == 0
+    assert dtbench_here("report", suite_dir).returncode == 0
     rows = list(csv.DictReader(open(suite_dir / "report" / "summary.csv", newline="")))
     assert len(rows) == 3
     for row in rows:
@@ -91,12 +91,12 @@ def test_a_language_model_suite_runs_and_reports_time_to_a_held_out_loss(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_loss_target_no_run_reaches_ranks_by_final_loss(tmp_path, monkeypatch):
+def test_a_loss_target_no_run_reaches_ranks_by_final_loss(tmp_path, monkeypatch, dtbench_here):
     monkeypatch.setenv("DTBENCH_CACHE_DIR", str(tmp_path / "cache"))
     path = _suite(tmp_path, target_loss=0.01)
-    assert _dtbench("run", str(path), "--out", str(tmp_path / "out"), "--quiet", "--only", "sgd*").returncode == 0
+    assert dtbench_here("run", path, "--out", tmp_path / "out", "--quiet", "--only", "sgd*").returncode == 0
     suite_dir = tmp_path / "out" / "lm"
-    assert _dtbench("report", str(suite_dir)).returncode == 0
+    assert dtbench_here("report", suite_dir).returncode == 0
     row = next(csv.DictReader(open(suite_dir / "report" / "summary.csv", newline="")))
     assert row["time_to_target_s"] == ""
     page = (suite_dir / "report" / "index.html").read_text()
