@@ -149,6 +149,7 @@ def test_stopped_rank_fails_the_run_within_the_timeout_and_the_suite_goes_on(tmp
 
 
 # -- long evaluations and slow starts are progress -----------------------------------------------------------------
+SLOW_PAUSE_S, SLOW_HANG_S = 4.5, 3
 SLOW = '''
 import time
 
@@ -184,11 +185,13 @@ class SlowDDP(DDP):
 
 @pytest.mark.slow
 def test_long_evaluation_and_slow_start_are_not_hangs(tmp_path):
-    """Every pause (8 s) is longer than the hang timeout (6 s), with no step ending meanwhile on any rank: a watch
-    that counted only steps would tear this run down at its set-up, its first step or its first evaluation."""
-    (tmp_path / "slowmethod.py").write_text(SLOW.format(pause=8.0))
+    """Every pause (4.5 s) is longer than the hang timeout (3 s), with no step ending meanwhile on any rank: a watch
+    that counted only steps would tear this run down at its set-up, its first step or its first evaluation. (The
+    heartbeat thread beats every 0.3 s meanwhile: a false verdict would need it starved for 3 s, ten times what the
+    machine's load has ever delayed a thread here.)"""
+    (tmp_path / "slowmethod.py").write_text(SLOW.format(pause=SLOW_PAUSE_S))
     body = '[[run]]\nmethod = "slowmethod:SlowDDP"\nworld_size = 2\n'
-    path = suite(tmp_path, "slow", body, "max_steps = 6\neval_every_epochs = 1000", 6)
+    path = suite(tmp_path, "slow", body, "max_steps = 6\neval_every_epochs = 1000", SLOW_HANG_S)
     env = {**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT), ENV.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(tmp_path / "out"),
                            "--quiet"], env=env, capture_output=True, text=True, timeout=240)
@@ -197,7 +200,7 @@ def test_long_evaluation_and_slow_start_are_not_hangs(tmp_path):
     assert proc.returncode == 0 and status["state"] == "completed", (status, proc.stderr + proc.stdout)
     records = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 6]  # two slow evaluations happened
-    assert status["final"]["wall_time_s"] >= 3 * 8.0  # and the slow first step (the set-up is before the clock)
+    assert status["final"]["wall_time_s"] >= 3 * SLOW_PAUSE_S  # and the slow first step (the set-up is before it)
 
 
 # -- the in-rank watch SLURM runs ------------------------------------------------------------------------------------
