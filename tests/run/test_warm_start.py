@@ -52,18 +52,19 @@ def results(run_dir: Path) -> tuple[list, list]:
 
 
 @pytest.mark.slow
-def test_two_runs_of_one_suite_equal_each_run_alone_bitwise(tmp_path):
-    """Both runs fork from one warm server, one after the other; each alone starts in a fresh interpreter
-    (spawn) from a fresh `dtbench run`. qsgd draws random numbers on every rank and step, so state carried from
-    run to run, or a fork that differs from a fresh start, would show. The suite's first run also makes the digits
-    split (cold cache), the runs alone read it back from the cache."""
+def test_two_runs_of_one_suite_equal_each_run_alone_bitwise(tmp_path, monkeypatch, dtbench_here):
+    """Both runs fork from one warm server (the test session's, which has served other runs before), one after the
+    other; then each runs again with every rank a fresh interpreter (spawn, from a fresh `dtbench run`). qsgd draws
+    random numbers on every rank and step, so state carried from run to run, or a fork that differs from a fresh
+    start, would show. The suite's first run also makes the digits split (cold cache), the spawned runs read it back
+    from the cache."""
     path = tmp_path / "iso.toml"
     path.write_text(SUITE)
-    cache = {"DTBENCH_CACHE_DIR": str(tmp_path / "cache")}
-    dtbench("run", str(path), "--out", str(tmp_path / "suite"), env=cache)
-    for run_id in RUN_IDS:
-        dtbench("run", str(path), "--out", str(tmp_path / "alone"), "--only", run_id,
-                env={**cache, warm.START_METHOD_VARIABLE: "spawn"})
+    monkeypatch.setenv("DTBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    done = dtbench_here("run", path, "--out", tmp_path / "suite", "--quiet")
+    assert done.returncode == 0, done.stdout + done.stderr
+    dtbench("run", str(path), "--out", str(tmp_path / "alone"), env={
+        "DTBENCH_CACHE_DIR": str(tmp_path / "cache"), warm.START_METHOD_VARIABLE: "spawn"})
     for run_id in RUN_IDS:
         together, alone = tmp_path / "suite" / "iso" / run_id, tmp_path / "alone" / "iso" / run_id
         train, evals = results(together)
