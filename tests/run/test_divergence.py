@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from test_launcher import dtbench, suite
+from test_launcher import suite
 
 from harness.results import read_jsonl
 
@@ -25,9 +25,9 @@ RUNS = [
 WITHIN = 15
 
 
-def test_every_pipeline_stops_within_a_few_steps_of_its_first_non_finite_loss(tmp_path):
+def test_every_pipeline_stops_within_a_few_steps_of_its_first_non_finite_loss(tmp_path, dtbench_here):
     body = "".join(f'[[run]]\nmethod = "{m}"\nworld_size = 2\nparams = {{ {p} }}\n' for m, p in RUNS)
-    proc = dtbench("run", str(suite(tmp_path, "blowup", body, epochs=5)), "--out", str(tmp_path / "o"), "--quiet")
+    proc = dtbench_here("run", str(suite(tmp_path, "blowup", body, epochs=5)), "--out", str(tmp_path / "o"), "--quiet")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     seen = []
     for run_dir in sorted((tmp_path / "o" / "blowup").glob("*-digits-mlp-*")):
