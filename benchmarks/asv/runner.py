@@ -25,6 +25,7 @@ DDP_STEPS = 20  # steps per block (and warm-up steps per variant)
 COST_ROUNDS = 200
 COST_STEPS = 8
 COST_CPU_STEPS = 800
+SUITE_SEEDS = 5  # SuiteStartup's suite: sgd and ddp, each once per seed
 
 
 class SGDStep:
@@ -164,7 +165,7 @@ class SuiteStartup:
 
     def setup(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="dtbench-bench-"))
-        self.suite = write_suite(self.folder, ["sgd", "ddp"], seeds=5)
+        self.suite = write_suite(self.folder, ["sgd", "ddp"], seeds=SUITE_SEEDS)
         self.runs = 0
 
     def teardown(self) -> None:

@@ -34,7 +34,8 @@ QUICK: dict[str, dict[str, Any]] = {
                  "PEER_SIZES": {"width": 32, "layers": 8, "batch": 16, "microbatches": 8},
                  "STAGE_ROUNDS": 1, "STAGE_MIN_SECONDS": 0.0, "BACKWARD_ROUNDS": 2, "BACKWARDS_PER_ROUND": 1},
     "report": {"SEEDS": [0], "STEPS": 44},
-    "runner": {"DDP_ROUNDS": 1, "DDP_STEPS": 2, "COST_ROUNDS": 1, "COST_STEPS": 2, "COST_CPU_STEPS": 2},
+    "runner": {"DDP_ROUNDS": 1, "DDP_STEPS": 2, "COST_ROUNDS": 1, "COST_STEPS": 2, "COST_CPU_STEPS": 2,
+               "SUITE_SEEDS": 1},
 }
 
 

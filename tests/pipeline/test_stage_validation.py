@@ -108,13 +108,17 @@ def test_as_many_stages_as_blocks_pass(capsys, tmp_path, method, world_size, par
     assert main(["run", str(suite), "--out", str(tmp_path / "out"), "--dry-run"]) == 0, capsys.readouterr().err
 
 
-def test_the_cli_process_exits_2_with_one_line(tmp_path):
-    """The report's case: gpipe on 5 ranks on digits-mlp (3 blocks) used to fail 25 s into the run, results written."""
+def test_the_cli_process_exits_2_with_one_line(tmp_path, dtbench_here):
+    """The report's case: gpipe on 5 ranks on digits-mlp (3 blocks) used to fail 25 s into the run, results written.
+    The command as a process, then its --dry-run (the same validation) in this one."""
     suite = _suite(tmp_path, "gpipe", 5, {}, "digits-mlp")
     out = tmp_path / "out"
     for extra in ([], ["--dry-run"]):
-        done = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(suite), "--out", str(out), *extra],
-                              capture_output=True, text=True, timeout=120)
+        if extra:
+            done = dtbench_here("run", suite, "--out", out, *extra)
+        else:
+            done = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(suite), "--out", str(out)],
+                                  capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, done.stderr
         assert done.stderr.count("\n") == 1 and f"{suite}: run[0].world_size: 5 stages" in done.stderr
         assert not out.exists()

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import subprocess
-import sys
 
 import torch
 
@@ -56,24 +54,18 @@ def test_a_file_of_the_wrong_tensors_is_rebuilt(tmp_path, monkeypatch, capfd):
     assert len(train.y) > 1000 and "rebuilt" in capfd.readouterr().err
 
 
-def test_an_ordinary_run_over_a_planted_cache_does_not_run_it(tmp_path):
-    """The reported attack end to end: a pickle planted at the cache's path, then a plain `dtbench run`."""
-    env = {**os.environ, sources.CACHE_VARIABLE: str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    from importlib import metadata
-
-    code = (f"import os; os.environ[{sources.CACHE_VARIABLE!r}] = {str(tmp_path / 'cache')!r}\n"
-            "from harness.data import sources\n"
-            f"print(sources.digits_cache_file(0, 0.2, {metadata.version('scikit-learn')!r}))")
-    path = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+def test_an_ordinary_run_over_a_planted_cache_does_not_run_it(tmp_path, monkeypatch, dtbench_here):
+    """The reported attack end to end: a pickle planted at the cache's path, then a plain `dtbench run` (its ranks
+    load the digits)."""
+    path = _cache_file(tmp_path, monkeypatch)
     marker = tmp_path / "ran"
-    os.makedirs(os.path.dirname(path))
+    path.parent.mkdir(parents=True)
     with open(path, "wb") as f:
         pickle.dump({"x_train": _Planted(str(marker))}, f)
     suite = tmp_path / "s.toml"
     suite.write_text('name = "s"\nworkload = "digits-mlp"\nseeds = [0]\n[budget]\nmax_steps = 2\n'
                      '[[run]]\nmethod = "sgd"\n')
-    result = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(suite), "--out", str(tmp_path / "out"),
-                             "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+    result = dtbench_here("run", suite, "--out", tmp_path / "out", "--quiet")
     assert result.returncode == 0, result.stdout + result.stderr
     assert not marker.exists()
     log = (tmp_path / "out" / "s" / "sgd-digits-mlp-w1-s0" / "logs" / "rank0.log").read_text()
