@@ -87,14 +87,26 @@ def noisy_runs(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def noisy_warning(table: pd.DataFrame) -> str:
-    """One line saying which runs were starved of CPU by other processes, or '' when none was."""
+    """One line saying which runs were starved of CPU by other processes, by label and seed (a workload's name
+    before its labels where the table has several), or '' when none was."""
     noisy = noisy_runs(table)
     if noisy.empty:
         return ""
-    names = ", ".join(str(r) for r in noisy["run_id"])
     return (f"{len(noisy)} of {len(table)} runs were starved of CPU by other processes (a rank ran less than "
             f"{STARVED_SHARE:g} of the time it was runnable while others used at least {OTHER_LOAD:.0%} of the "
-            f"machine): their times are not to be trusted; rerun them on a quiet machine. Noisy: {names}")
+            f"machine): their times are not to be trusted; rerun them on a quiet machine. Noisy: "
+            f"{_by_label(noisy, several_workloads=table['workload'].nunique() > 1)}")
+
+
+def _by_label(runs: pd.DataFrame, several_workloads: bool) -> str:
+    """'ddp x2 (seeds 0, 1), qsgd x2 (seed 1)', in the table's order; 'digits-mlp: ddp x2 (seed 0)' with
+    several workloads."""
+    parts = []
+    for (workload, label), group in runs.groupby(["workload", "label"], sort=False, dropna=False):
+        seeds = sorted(int(s) for s in group["seed"].dropna())
+        which = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
+        parts.append(f"{workload}: {label} ({which})" if several_workloads else f"{label} ({which})")
+    return ", ".join(parts)
 
 
 def noisy_html(table: pd.DataFrame) -> str:
