@@ -99,8 +99,13 @@ def write_validation(suite, settings: Settings, out: Path) -> pd.DataFrame:
     print("Validation on held-out runs (error = projected / measured - 1):")
     print(shown.to_string(index=False))
     summary = error_summary(validation)
-    print(f"{summary['configurations']} held-out configurations: step time |error| median "
-          f"{summary['median_step_error']:.1%}, max {summary['max_step_error']:.1%}; time to target median "
-          f"{summary['median_time_to_target_error']:.1%}, max {summary['max_time_to_target_error']:.1%}")
+    unprojected = len(validation) - summary["configurations"]
+    if summary["configurations"]:
+        print(f"{summary['configurations']} held-out configurations: step time |error| median "
+              f"{summary['median_step_error']:.1%}, max {summary['max_step_error']:.1%}; time to target median "
+              f"{summary['median_time_to_target_error']:.1%}, max {summary['max_time_to_target_error']:.1%}"
+              + (f" ({unprojected} more could not be projected: see their notes)" if unprojected > 0 else ""))
+    else:
+        print(f"no held-out configuration could be projected ({len(validation)} tried: see their notes)")
     print(f"written: {out / 'projection_validation.csv'}, {out / 'projection_validation.png'}")
     return validation

@@ -209,6 +209,9 @@ class PipelineModel:
                              f"{self.profile.blocks} blocks)")
         else:
             step = required_step_schedule(self.method, world_size, microbatches)
+            if step.stage_count != len(ranges):  # a replicated stage (pipedream replicas = [2, 1]): S < W
+                raise ValueError(f"the run's partition has {len(ranges)} stages where the method's {world_size}-rank "
+                                 f"schedule has {step.stage_count}: replicated stages are not re-shaped")
         count = forwards_per_step(step)
         if batch / copies / count < 1:
             raise ValueError(f"batch {batch} over {copies} copies x {count} microbatches is under one sample each")

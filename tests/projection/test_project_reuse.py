@@ -59,3 +59,14 @@ def test_a_warm_model_projects_what_a_cold_one_does(suite):  # noqa: F811
                                                                                      settings.link(network))
     assert model.shapes and model.free_periods
 
+
+
+def test_a_partition_the_schedule_cannot_take_is_a_note_not_a_crash(suite):  # noqa: F811
+    """A held-out pipedream run with replicas = [2, 1] has 2 stages on 3 ranks; its 3-rank schedule asks for 3
+    stages. `dtbench project --validate` on the smoke stopped with an IndexError; the row is unprojected with why."""
+    calibrated = calibrate_suite(suite, Settings(), suite / "report")
+    model = next(c.model for c in calibrated.calibrations if isinstance(c.model, PipelineModel))
+    two_stages = [(0, 1), (1, model.profile.blocks)]
+    projected = dataclasses.replace(model).project(3, Settings().link("1gbit"), ranges=two_stages)
+    assert projected.parts.step_s != projected.parts.step_s  # NaN: no projection
+    assert any("replicated stages are not re-shaped" in note for note in projected.notes)
