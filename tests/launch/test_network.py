@@ -178,6 +178,7 @@ AS_NOBODY = ("import sys, os, harness.cli, harness.launch.suite, harness.net.che
              "sys.exit(harness.cli.main(sys.argv[1:]))")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become nobody")
 def test_without_root_run_and_net_check_stop_with_one_clear_line(tmp_path):
     """A real unprivileged process (uid nobody): exit 2, one line saying root is needed, nothing written."""

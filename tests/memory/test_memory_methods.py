@@ -92,6 +92,7 @@ def two_lanes(index: int) -> bool:
     return method == "qfb" and params.get("lanes", 2) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(RUNS)), ids=[f"{m}-{i}" for i, (m, *_) in enumerate(RUNS)])
 def test_the_plan_bounds_what_each_rank_held(plans, index):
     method = RUNS[index][0]

@@ -112,6 +112,7 @@ def _run(tmp_path, memory: str):
     return result, runs
 
 
+@pytest.mark.slow
 def test_planners_choose_data_parallelism_without_a_budget(tmp_path):
     result, runs = _run(tmp_path, "")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -124,6 +125,7 @@ def test_planners_choose_data_parallelism_without_a_budget(tmp_path):
         assert [c["verdict"] for c in memory["candidates"]].count("chosen") == 1
 
 
+@pytest.mark.slow
 def test_planners_choose_a_pipeline_when_a_replica_does_not_fit(tmp_path):
     result, runs = _run(tmp_path, 'memory_per_rank = "300KB"')
     assert result.returncode == 0, result.stdout + result.stderr
@@ -143,6 +145,7 @@ def test_planners_choose_a_pipeline_when_a_replica_does_not_fit(tmp_path):
         assert status["final"]["planned_memory_bytes"] <= 300_000
 
 
+@pytest.mark.slow
 def test_when_no_plan_fits_the_run_stops_in_one_line_with_what_the_smallest_needs(tmp_path):
     result, runs = _run(tmp_path, 'memory_per_rank = "100KB"')
     assert result.returncode == 0, result.stdout + result.stderr

@@ -178,6 +178,7 @@ def build(root, files: dict[str, object]):
 
 # --- report, claims ---------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=20)
 @given(suite_folders())
 @example({"run0": "dir", "run0/spec.json": json.dumps({**SPECS[0], "budget": 5}).encode()})
@@ -197,6 +198,7 @@ def test_report_on_fuzzed_run_folders(files):
         assert outside(written(before, snapshot(root)), "results/t/report") == []
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=150)
 @given(suite_folders())
 @example({"run0": "dir", "run0/spec.json": json.dumps({**SPECS[0], "seed": {}}).encode()})
@@ -447,6 +449,7 @@ def test_a_byte_count_beyond_a_counter_is_a_blank_not_a_crash():
 
 # --- real runs (one step each), end to end --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_real_run_then_report_counts_a_corrupt_line(tmp_path):
     """A 1-step sgd run for real, a garbage line and a truncated one appended to its metrics.jsonl: the report keeps
     every other record and says it skipped two lines; a rerun of the folder runs it again."""

@@ -177,6 +177,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_kill_9_during_checkpoint_writes_leaves_a_valid_checkpoint(tmp_path):
     """A process writing 2 MiB checkpoints back to back is SIGKILLed at arbitrary moments (mostly mid-write)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}

@@ -14,6 +14,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 SUITE = """name = "left"
 workload = "digits-mlp"
 seeds = [0]
@@ -43,6 +45,7 @@ def marked(mark: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_no_process_of_a_run_outlives_dtbench_run(tmp_path):
     path = tmp_path / "left.toml"
     path.write_text(SUITE)
@@ -63,6 +66,7 @@ def test_no_process_of_a_run_outlives_dtbench_run(tmp_path):
 LONG = SUITE.replace("max_steps = 3", "max_steps = 10000000\nmax_epochs = 1000000")
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_leaves_no_process(tmp_path):
     path = tmp_path / "long.toml"
     path.write_text(LONG)
@@ -81,6 +85,7 @@ def test_an_interrupted_run_leaves_no_process(tmp_path):
     assert left == []
 
 
+@pytest.mark.slow
 def test_a_killed_launcher_takes_every_process_with_it_and_listens_on_loopback_only(tmp_path):
     """kill -9 of `dtbench run` in the middle of a run: its ranks, warm server and resource tracker end with it (they
     trained on under init before, and wrote into the next run's folder); the suite folder's lock stays held while a

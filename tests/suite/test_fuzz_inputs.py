@@ -184,6 +184,7 @@ def _check_resolved(path) -> None:
         assert all(set(ids) <= cpus for ids in spec.cpus_per_rank or []), spec
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=300)
 @given(document_bytes(suites()))
 @example(b'name = "t"\nworkload = "digits-mlp"\n[budget]\nmax_epochs = inf\n[[run]]\nmethod = "sgd"\n')
@@ -351,6 +352,7 @@ def sites(draw):
     return draw(mutated(base, SITE_FIELDS))
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=200)
 @given(document_bytes(sites()), st.sampled_from([None, "0", "1", "2", "-2"]))
 @example(b"mem_per_task_gb = inf\n", None)
@@ -430,6 +432,7 @@ def results_folder(root):
     return root / "results" / "t"
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=150)
 @given(document_bytes(claim_files()))
 @example(toml_text({"claim": [{**CLAIM, "value": math.inf}]}).encode())
