@@ -40,13 +40,12 @@ KINDS = (NEW, SKIPS, RESUMES, RESTARTS, RERUNS, REPLACES)
 
 @dataclass
 class Fate:
-    """What happens to one run's folder: `kind` (NEW ... REPLACES), the words a person reads, and for RESUMES the
-    launcher's checkpoint choice (which may be none valid: the run then restarts at step 0 in its folder). Every kind
+    """What happens to one run's folder: `kind` (NEW ... REPLACES) and the words a person reads (for RESUMES, the
+    launcher's checkpoint choice, which may be none valid: the run then restarts at step 0 in its folder). Every kind
     but NEW, SKIPS and RESUMES moves an existing folder aside first (Aside)."""
 
     kind: str
     words: str
-    choice: checkpoint_files.Choice | None = None
 
 
 def is_completed(run_dir: Path) -> bool:
@@ -99,7 +98,7 @@ def decide(spec: RunSpec, out: Path, resume: bool) -> Fate:
                             "aside (--resume)")
     choice = resume_choice(run_dir, spec)
     if choice is not None:  # in its folder: from the newest valid checkpoint, or from step 0 past damaged ones
-        return Fate(RESUMES, f"{choice.describe()} (--resume)", choice)
+        return Fate(RESUMES, f"{choice.describe()} (--resume)")
     return Fate(RESTARTS, "starts over, the earlier attempt moved aside: no checkpoint of this spec (--resume)")
 
 
@@ -138,15 +137,7 @@ def run_specs(specs: list[RunSpec], out: Path, resume: bool = False, argv: list[
     """
     if not specs:
         return []
-    if not resume and not overwrite:
-        line = refusal(specs, out)
-        if line:
-            raise ResultsExist(line)
-    suite_dir = out / specs[0].suite
-    aside = Aside(suite_dir)  # before suite.toml is replaced: the moved runs keep the one they ran under
-    if suite_file is not None:
-        suite_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(suite_file, suite_dir / SUITE_FILE)
+    suite_dir, aside = _begin(specs, out, resume or overwrite, suite_file)
     outcomes: list[RunOutcome] = []
     for i, spec in enumerate(specs, 1):
         prefix = f"[{i}/{len(specs)}] {spec.run_id}"
@@ -184,6 +175,22 @@ def run_specs(specs: list[RunSpec], out: Path, resume: bool = False, argv: list[
     return outcomes
 
 
+def _begin(specs: list[RunSpec], out: Path, asked: bool, suite_file: Path | None) -> tuple[Path, Aside]:
+    """What every run of a suite into `out` does first: refuse (ResultsExist, nothing written) where some of the
+    runs' folders hold completed results and neither --resume nor --overwrite was `asked`; make the suite folder and
+    its Aside (before suite.toml is replaced: the moved runs keep the one they ran under); copy the suite file in."""
+    if not asked:
+        line = refusal(specs, out)
+        if line:
+            raise ResultsExist(line)
+    suite_dir = out / specs[0].suite
+    aside = Aside(suite_dir)
+    suite_dir.mkdir(parents=True, exist_ok=True)
+    if suite_file is not None:
+        shutil.copyfile(suite_file, suite_dir / SUITE_FILE)
+    return suite_dir, aside
+
+
 def resumed_from(run_dir: Path) -> str:
     """What the run's rank 0 actually continued from, as its status.json records it (rank 0 also loads the file,
     and rejects one that verifies but does not load, so it may differ from the launcher's choice)."""
@@ -215,15 +222,7 @@ def submit_specs(specs: list[RunSpec], out: Path, site, resume: bool = False, ar
     """
     from harness.launch.slurm import submit
 
-    if not resume and not overwrite:
-        line = refusal(specs, out)
-        if line:
-            raise ResultsExist(line)
-    suite_dir = out / specs[0].suite
-    aside = Aside(suite_dir)
-    suite_dir.mkdir(parents=True, exist_ok=True)
-    if suite_file is not None:
-        shutil.copyfile(suite_file, suite_dir / SUITE_FILE)
+    suite_dir, aside = _begin(specs, out, resume or overwrite, suite_file)
     runs = []
     for spec in specs:
         fate = decide(spec, out, resume)
