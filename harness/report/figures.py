@@ -1,10 +1,10 @@
-"""Figures of the report: the figure factory, accuracy curves, time to target, bytes per sample, probability of
-improvement and performance profiles, one panel per workload. Colours follow the label (report/styles.py)."""
+"""Figures of the report: the figure factory, accuracy curves, time to target as survival, bytes per sample,
+probability of improvement and performance profiles, one panel per workload. Colours follow the label
+(report/styles.py)."""
 
 from __future__ import annotations
 
 import io
-import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -211,48 +211,94 @@ def panel_title(ax: Any, key: str | None, several: bool, title: str, extra: str 
     text = (key or "") if several else title
     ax.set_title(text + (f"\n{extra}" if extra else ""), loc="left", fontsize="medium")
 
-#: Bar plots' tick labels wrap at this many characters, so long labels do not take the panels' width.
-TICK_CHARACTERS = 40
+#: How a run censored before the target is marked on its survival curve: a missed target (a tick) and a diverged
+#: run (a cross), with the legend's words for each.
+CENSOR_MARKS = {"missed": ("|", "censored: missed the target by its train time"),
+                "diverged": ("x", "diverged: never reaches the target (x where it diverged)")}
 
 
-def plot_time_to_target(table: pd.DataFrame, target: float | None = None,
-                        styles: dict[str, Style] | None = None, interval: str = stats.CI_WORDS,
-                        targets: dict[str, str] | None = None) -> Figure:
-    """summary (runs x columns) -> per workload, a horizontal bar per label: mean time to target over the runs that
-    reached it, 95% bootstrap CI, on a linear axis.
+def survival_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """summary (runs x columns) -> the runs a survival curve shows, completed or diverged ones with a finite train
+    time, with `time` (the time to target where the run reached it, else its train time: where its mark goes),
+    `reached` and `mark` (CENSOR_MARKS' key of a run that did not reach it). A diverged run never reaches the target,
+    even one that passed it before it blew up: the estimate censors it at +inf (kaplan_meier), so it counts as a
+    seed that never arrived, not as one that might have arrived later."""
+    rows = table[table["state"].isin(("completed", "diverged"))]
+    reach = pd.to_numeric(rows["time_to_target_s"], errors="coerce").astype(float)
+    train = pd.to_numeric(rows["train_time_s"], errors="coerce").astype(float)
+    diverged = rows["state"] == "diverged"
+    reached = np.isfinite(reach) & ~diverged
+    out = rows.assign(time=reach.where(reached, train), reached=reached,
+                      mark=np.where(diverged, "diverged", np.where(reached, "", "missed")))
+    return out[np.isfinite(out["time"].to_numpy(dtype=float)) & (out["time"] >= 0) & plottable(out["time"])]
 
-    Tick labels (one per row, so they never overlap) say how many of each label's runs reached the target; labels
-    that never did keep an empty row and are named in the title. With no run reaching it the figure says so.
-    `targets`: {workload: 'target loss 2.9'}, what each panel's target is (a language model's is a held-out loss);
-    without it, every panel's is the accuracy `target`.
+
+def plot_time_to_target_survival(table: pd.DataFrame, target: float | None = None,
+                                 styles: dict[str, Style] | None = None,
+                                 targets: dict[str, str] | None = None) -> Figure:
+    """summary (runs x columns) -> per workload, a Kaplan–Meier curve per label (report/survival.py): the fraction
+    of its seeds at the target, 1 - S(t), against train time on a log axis, a step up at each time a seed reached it.
+
+    The runs are survival_rows: a run that missed the target is censored at its train time and marked on its
+    curve with a tick; a diverged run, which never reaches it (censored at +inf), with a cross where it diverged
+    (CENSOR_MARKS; the legend says which is which). A curve ends at
+    its label's last time, so a label with seeds that never arrived plateaus below 1 and ends on a mark. A time of 0
+    (the target met before training) sits at the axis' left end. `targets`: {workload: 'target loss 2.9'}, each
+    panel's title; without it, the accuracy `target`.
     """
-    kinds = set((targets or {}).values())
-    if len(kinds) == 1:
-        target_text = kinds.pop()
-    elif kinds:
-        target_text = "target (each workload's own)"
-    else:
-        target_text = f"target accuracy {target:g}" if target is not None else "target accuracy"
-    title = f"Train time to reach the {target_text} (mean, {interval})"
-    # A linear axis: a bar's length is its time (bars on a log axis start nowhere); long tick labels wrap, so the
-    # panels keep most of the width.
-    fig, panels = bar_panels(table, "time_to_target_s", styles, log=False)
-    for ax, key, labels, reached in panels:
-        rows = in_panel(table, key)
-        if reached.empty:
-            note(ax, f"No run reached the {target_text}" if labels else "No runs", bare=True)
+    from matplotlib.lines import Line2D
+
+    from harness.report.survival import kaplan_meier
+
+    rows_all = survival_rows(table)
+    keys = panel_keys(table)
+    fig = new_figure(10.5, 3.1 * len(keys) + 0.9)
+    axes = np.atleast_1d(fig.subplots(len(keys), 1, squeeze=False).ravel())
+    marks: set[str] = set()
+    for ax, key in zip(axes, keys, strict=True):
+        rows = in_panel(rows_all, key)
+        labels = [str(label) for label in pd.unique(in_panel(table, key)["label"])]
+        chosen = styles_for(labels, styles)
+        times = rows["time"].to_numpy(dtype=float)
+        if rows.empty:
+            note(ax, "No run completed or diverged", bare=True)
         else:
-            counts = [f"{label} ({(reached['label'] == label).sum()}/{(rows['label'] == label).sum()} reached)"
-                      for label in labels]
-            ax.set_yticks(range(len(labels)), ["\n".join(textwrap.wrap(text, TICK_CHARACTERS)) for text in counts])
-        ax.set_xlabel("train time to target (s)" + (", log scale" if ax.get_xscale() == "log" else ""))
-        never = [label for label in labels if label not in set(reached["label"].astype(str))]
-        if key is not None and targets and key in targets and len(panels) > 1:
-            key = f"{key}: {targets[key]}"
-        panel_title(ax, key, len(panels) > 1, title,
-                    "never reached by: " + ", ".join(never) if never and not reached.empty else "")
-    if len(panels) > 1:
-        fig.suptitle(title)
+            positive = times[times > 0]
+            floor = positive.min() / 2 if len(positive) else 1.0
+            high = max(times.max(), floor * 4)
+            for label in labels:
+                mine = rows[rows["label"].astype(str) == label]
+                if mine.empty:
+                    continue
+                style = chosen[label]
+                t = np.maximum(mine["time"].to_numpy(dtype=float), floor)
+                never = (mine["mark"] == "diverged").to_numpy()
+                km = kaplan_meier(np.where(never, np.inf, t), mine["reached"].to_numpy(dtype=bool))
+                xs = [floor, *km.times, t.max()]
+                ys = [0.0, *(1.0 - km.survival), 1.0 - (km.survival[-1] if len(km.survival) else 1.0)]
+                ax.step(xs, ys, where="post", color=style.color, label=label, linewidth=1.6,
+                        linestyle=(0, style.dashes) if style.dashes else "-")
+                for mark, (marker, _) in CENSOR_MARKS.items():
+                    censored = t[(mine["mark"] == mark).to_numpy()]
+                    if len(censored):
+                        marks.add(mark)
+                        ax.plot(censored, 1.0 - km.at(censored), linestyle="none", marker=marker, markersize=11,
+                                markeredgewidth=2, color=style.color)
+            ax.set_xlim(floor, high * 1.3)
+            log_axis(ax)
+            ax.set_xlim(floor, high * 1.3)
+        ax.set_ylim(-0.04, 1.04)
+        ax.set_xlabel("train time (s), log scale")
+        ax.set_ylabel("fraction of seeds\nat target")
+        what = (targets or {}).get(key or "") or (f"target accuracy {target:g}" if target is not None else "")
+        ax.set_title(": ".join(part for part in (key, what) if part), loc="left", fontsize="medium")
+    for mark in CENSOR_MARKS:
+        if mark in marks:
+            marker, words = CENSOR_MARKS[mark]
+            axes[0].add_line(Line2D([], [], linestyle="none", marker=marker, markersize=9, markeredgewidth=2,
+                                    color="0.3", label=words))
+    legend_outside(fig, axes)
+    fig.suptitle("Time to target as survival: fraction of seeds at the target against train time (Kaplan–Meier)")
     return fig
 
 def _human_bytes(value: float) -> str:

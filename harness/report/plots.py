@@ -51,6 +51,39 @@ def left_out(table: pd.DataFrame, used_table: pd.DataFrame, value: str | None = 
     return "Not shown: " + "; ".join(parts) + "." if parts else ""
 
 
+#: The file name of the time-to-target survival figure.
+SURVIVAL = "time_to_target_survival.png"
+
+
+def survival_caption(table: pd.DataFrame) -> str:
+    """The caption of the survival figure: how to read it, which labels have seeds that never arrived (a curve that
+    ends below 1), and the runs it leaves out (failed or preempted, or without a train time)."""
+    rows = figures.survival_rows(table)
+    tick, missed = figures.CENSOR_MARKS["missed"]
+    cross, diverged = figures.CENSOR_MARKS["diverged"]
+    text = ("Kaplan–Meier estimate per label of the fraction of its seeds at the target against train time (log "
+            "axis): each step up is a seed reaching the target. A run that missed the target is censored at its "
+            f"train time, marked {tick} on its curve. A diverged run never reaches the target: it counts as a seed "
+            f"that never arrived (censored at +inf), marked {cross} at the time it diverged. A curve that ends below 1 "
+            "has seeds that never arrived.")
+    short = []
+    for (workload, label), group in rows.groupby(["workload", "label"], sort=False):
+        if not group["reached"].all():
+            counts = [f"{(group['mark'] == mark).sum()} {word}" for mark, word in
+                      (("missed", "missed"), ("diverged", "diverged")) if (group["mark"] == mark).any()]
+            where = f" on {workload}" if table["workload"].nunique() > 1 else ""
+            short.append(f"{label}{where} ({int(group['reached'].sum())} of {len(group)} reached; "
+                         f"{', '.join(counts)})")
+    if short:
+        text += " Seeds that never arrived: " + "; ".join(short) + "."
+    gone = table[~table["run_id"].isin(set(rows["run_id"]))]
+    parts = [f"{label} ({_seeds(group)}: {tables.not_completed(group) or 'no train time recorded'})"
+             for label, group in gone.groupby("label", sort=False)]
+    if parts:
+        text += " Not shown: " + "; ".join(parts) + "."
+    return text
+
+
 def _target_texts(runs: list[RunResult]) -> dict[str, str]:
     """{workload: 'target accuracy 0.95' or 'target loss 2.9'} for the workloads whose runs share a target."""
     by_workload: dict[str, list[RunResult]] = {}
@@ -103,11 +136,9 @@ def suite_plots(runs: list[RunResult], used: list[RunResult], table: pd.DataFram
         plots.append(Plot("loss_vs_time.png", figures.plot_accuracy(
             loss, tables.X_AXES["train_time_s"], None, look, y="loss", y_label="training loss (last stage)",
             what="Training loss", interval=interval), missing))
-    reached = "never reached the target" + (f" {target:g}" if target is not None else "")
     plots += [
-        Plot("time_to_target.png", figures.plot_time_to_target(used_table, target, look, interval,
-                                                               _target_texts(runs)),
-             left_out(table, used_table, "time_to_target_s", reached)),
+        Plot(SURVIVAL, figures.plot_time_to_target_survival(table, target, look, _target_texts(runs)),
+             survival_caption(table)),
         Plot("bytes_per_sample.png", figures.plot_bytes_per_sample(used_table, look, interval),
              left_out(table, used_table, "bytes_per_sample", "no bytes or samples recorded")),
         Plot("throughput.png", resources.plot_throughput(used_table, look, interval,

@@ -203,17 +203,27 @@ def test_aggregate_mean_and_ci(suite: Path) -> None:
     assert aggregates.loc[QSGD, "time_to_target_s_n"] == 1  # one of two completed seeds reached the target
 
 
-def test_time_to_target_plot_names_labels_that_never_reached(suite: Path) -> None:
-    table = tables.summary(load(suite))
-    table.loc[table["label"] == QSGD, "time_to_target_s"] = np.nan
-    fig = figures.plot_time_to_target(table, TARGET)
-    ax = fig.axes[0]
-    assert "never reached by: " + QSGD in ax.get_title(loc="left")
-    assert [t.get_text() for t in ax.get_yticklabels()] == [f"{DDP} (2/3 reached)", f"{QSGD} (0/3 reached)"]
+def test_time_to_target_survival_marks_the_seeds_that_never_arrived(suite: Path) -> None:
+    from harness.report import plots
 
-    table["time_to_target_s"] = np.nan
-    texts = [t.get_text() for t in figures.plot_time_to_target(table, TARGET).axes[0].texts]
-    assert texts == ["No run reached the target accuracy 0.9"]
+    table = tables.summary(load(suite))
+    fig = figures.plot_time_to_target_survival(table, TARGET)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_ylabel() == "fraction of seeds\nat target"
+    lines = {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+    # ddp: 2.0 and 2.7 s, its failed seed left out -> steps to 1/2 and 1. qsgd: seed 0 at 2.0 s, seed 1 missed
+    # (censored at its 2.4 s), seed 2 diverged at 1.0 s (never reaches: it stays at risk) -> 1/3, ending on a tick.
+    assert lines[DDP].get_ydata().tolist() == pytest.approx([0, 0.5, 1, 1])
+    assert lines[QSGD].get_xdata()[-1] == pytest.approx(2.4)
+    assert lines[QSGD].get_ydata().tolist() == pytest.approx([0, 1 / 3, 1 / 3])
+    marks = sorted((line.get_marker(), float(line.get_xdata()[0]), float(line.get_ydata()[0]))
+                   for line in ax.get_lines() if line.get_label().startswith("_"))
+    assert marks == [("x", 1.0, 0.0), ("|", 2.4, pytest.approx(1 / 3))]
+    legend = [text.get_text() for text in fig.legends[0].get_texts()]
+    assert legend == [DDP, QSGD, *(words for _, words in figures.CENSOR_MARKS.values())]
+    caption = plots.survival_caption(table)
+    assert f"Seeds that never arrived: {QSGD} (1 of 3 reached; 1 missed, 1 diverged)." in caption
+    assert caption.endswith(f"Not shown: {DDP} (seed 2: failed 1).") and "marked x" in caption
 
 
 def test_bytes_plot_uses_log_scale_only_for_wide_spans(suite: Path) -> None:
@@ -229,7 +239,7 @@ def test_write_report_files_and_self_contained_html(suite: Path) -> None:
     out = suite / "report"
     assert index == out / "index.html"
     for name in ("index.html", "summary.csv", "comparisons.csv", "accuracy_vs_time.png", "accuracy_vs_epoch.png",
-                 "time_to_target.png", "bytes_per_sample.png", "rankings.csv"):
+                 "time_to_target_survival.png", "bytes_per_sample.png", "rankings.csv"):
         assert (out / name).stat().st_size > 0, name
         if name.endswith(".png"):
             assert (out / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")

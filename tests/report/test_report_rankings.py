@@ -188,10 +188,12 @@ def test_plots_facet_by_workload_and_name_what_they_leave_out(tmp_path: Path) ->
     shown = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in shown] == ["digits-mlp", "digits-cnn"]
     assert [ax.get_legend_handles_labels()[1] for ax in shown] == [[DDP], [QSGD]]  # each only on its workload
-    bars = figures.plot_time_to_target(used, 0.9)
-    assert [ax.get_title(loc="left").split("\n")[0] for ax in bars.axes] == ["digits-mlp", "digits-cnn"]
+    survival = figures.plot_time_to_target_survival(table, 0.9)
+    assert [ax.get_title(loc="left") for ax in survival.axes] == ["digits-mlp: target accuracy 0.9",
+                                                                   "digits-cnn: target accuracy 0.9"]
     assert plots.left_out(table, used) == f"Not shown: {QSGD} (seed 0: diverged 1)."
     assert plots.left_out(table, used, "time_to_target_s", "never reached the target") == (
         f"Not shown: {QSGD} (seed 0: diverged 1); {QSGD} (seed 1: never reached the target).")
     page_text = build.write_report(suite).read_text(encoding="utf-8")
-    assert f"time_to_target.png</b>. Not shown: {QSGD} (seed 0: diverged 1)" in page_text
+    assert (f"Seeds that never arrived: {QSGD} on digits-cnn (0 of 2 reached; 1 missed, 1 diverged).</figcaption>"
+            in page_text)  # the diverged seed is drawn (an x), not left out
