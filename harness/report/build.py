@@ -87,13 +87,15 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     baseline, baselines.workload_baselines: `baseline` where it ran, else the suite's for that workload, else its
     first ddp run; none where one label ran; the page names them), then the per-label table
     (a row per workload and label, in rank order). Plots (report/plots.py: one panel per workload, a caption naming
-    the runs each leaves out): accuracy against train time and epochs, training loss, time to target, bytes per
-    sample, throughput, each rank's peak memory, (when a method runs at several world sizes) scaling, (with 3 seeds
-    or more a label) probability of improvement, (when the runs span several workloads) AlgoPerf performance
-    profiles, (with auxiliary heads) per-chunk head accuracy, a Gantt chart of a traced step per pipeline label, and
+    the runs each leaves out): accuracy against train time and epochs, training loss, time to target as survival
+    (Kaplan–Meier curves per label, report/survival.py), bytes per sample, throughput, each rank's peak memory,
+    (when a method runs at several world sizes) scaling, (with 3 seeds or more a label) probability of improvement,
+    (when the runs span several workloads) AlgoPerf performance profiles, (with auxiliary heads) per-chunk head
+    accuracy, a Gantt chart of a traced step per pipeline label, and
     (when the runs span more than one network) throughput, time to target and speed-up against the link rate, with
-    a 'By network' section. A 'Robust comparisons' section gives IQM, probability of improvement, the MLPerf result
-    and AlgoPerf scores over the labels that ran every problem; each of `extra_sections` may add a section after it
+    a 'By network' section. A 'Robust comparisons' section gives, per workload, IQM, probability of improvement over
+    its baseline, the MLPerf result and the labels identical on every seed, then AlgoPerf scores over the labels
+    that ran every problem; each of `extra_sections` may add a section after it
     (`dtbench report` passes the Claims section: harness/claims/section.py), and each of `extra_warnings`
     (suite_dir, runs) -> HTML a warning at the top (`dtbench report` passes the runs that suite.toml no longer asks
     for: harness/report/stale.py). Warnings at the top name runs starved
@@ -135,7 +137,7 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
              else "No run completed: aggregates and plots use every run.")
     used_table = table[table["state"] == "completed"] if completed else table
     has_target = any(tables.target_of(run.spec) is not None for run in used)
-    robust = comparisons.robust_table(used_table, base_of, has_target, readings)
+    robust = comparisons.robust_table(rankings.in_rank_order(used_table, ranked), base_of, has_target, readings)
     write_csv(robust, out_dir / "comparisons.csv")
     aggregates = rankings.in_rank_order(tables.aggregate(table, ("completed",) if completed else None), ranked)
     few_seeds = (page.fewest_runs(aggregates) or 0) < page.MIN_SEEDS
@@ -148,7 +150,8 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     plots = plots_module.suite_plots(runs, used, rankings.in_rank_order(table, ranked),
                                      rankings.in_rank_order(used_table, ranked), robust, named[0], profile,
                                      few_seeds, interval)
-    sections = [comparisons.comparisons_html(robust, scores, named[0], few_seeds, left_out)]
+    sections = [comparisons.comparisons_html(robust, scores, base_of, few_seeds, left_out,
+                                             comparisons.identical_labels(used_table))]
     for make in extra_sections:
         extra = make(suite_dir, runs, table, out_dir)
         if extra:

@@ -335,19 +335,25 @@ def plot_bytes_per_sample(table: pd.DataFrame, styles: dict[str, Style] | None =
     return fig
 
 def plot_improvement(poi: pd.DataFrame, baseline: str, styles: dict[str, Style] | None = None) -> Figure:
-    """probability of improvement (rows: label, metric, poi, poi_low, poi_high) -> one panel per metric, a
-    horizontal bar per label with its 95% stratified bootstrap interval, and a line at 0.5 (no better, no worse)."""
+    """probability of improvement (rows: [workload,] label, metric, poi, poi_low, poi_high) -> one panel per metric,
+    a horizontal bar per label and workload (each compared with its workload's baseline; the tick says 'label on
+    workload' when there are several) with its 95% stratified bootstrap interval, and a line at 0.5 (no better, no
+    worse)."""
     metrics = list(pd.unique(poi["metric"]))
-    labels = [str(label) for label in pd.unique(poi["label"])]
-    chosen = styles_for(labels, styles)
-    fig = new_figure(4.2 * max(1, len(metrics)) + 2.5, bar_height(len(labels)))
+    poi = poi if "workload" in poi.columns else poi.assign(workload="")
+    keys = list(dict.fromkeys(zip(poi["workload"].astype(str), poi["label"].astype(str), strict=True)))
+    several = len({workload for workload, _ in keys}) > 1
+    ticks = [f"{label} on {workload}" if several else label for workload, label in keys]
+    chosen = styles_for(list(dict.fromkeys(label for _, label in keys)), styles)
+    fig = new_figure(4.2 * max(1, len(metrics)) + 2.5 + (1.5 if several else 0.0), bar_height(len(keys)))
     axes = np.atleast_1d(fig.subplots(1, max(1, len(metrics)), sharey=True))
     for ax, metric in zip(axes, metrics, strict=False):
-        rows = poi[poi["metric"] == metric].set_index("label")
-        for position, label in enumerate(labels):
-            if label not in rows.index or not np.isfinite(rows.loc[label, "poi"]):
+        rows = poi[poi["metric"] == metric].set_index(["workload", "label"])
+        for position, key in enumerate(keys):
+            label = key[1]
+            if key not in rows.index or not np.isfinite(rows.loc[key, "poi"]):
                 continue
-            row = rows.loc[label]
+            row = rows.loc[key]
             low, high = row["poi_low"], row["poi_high"]
             error = None if np.isnan(low) else [[row["poi"] - low], [high - row["poi"]]]
             ax.barh(position, row["poi"], xerr=error, color=chosen[label].color, capsize=3)
@@ -356,9 +362,9 @@ def plot_improvement(poi: pd.DataFrame, baseline: str, styles: dict[str, Style] 
                                                               "linewidth": 0})
         ax.axvline(0.5, color="grey", linestyle="--", linewidth=1)
         ax.set_xlim(0, 1)
-        ax.set_yticks(range(len(labels)), labels)
+        ax.set_yticks(range(len(keys)), ticks)
         ax.set_xlabel(f"P({metric} better than {baseline})")
-    axes[0].set_ylim(len(labels) - 0.5, -0.5)  # the first label on top (the axes share y)
+    axes[0].set_ylim(len(keys) - 0.5, -0.5)  # the first label on top (the axes share y)
     fig.suptitle(f"Probability of improvement over {baseline} (95% stratified bootstrap CI)")
     return fig
 

@@ -27,6 +27,7 @@ th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
 .plots figure { max-width: 100%; } figcaption { font-size: 0.85em; color: #444; max-width: 1000px; }
 .scroll { max-width: 100%; overflow-x: auto; } .verdict { font-weight: bold; }
 .setup { text-decoration: underline dotted; cursor: help; }
+.identical { background: #eef4fb; border-left: 4px solid #5b8fc7; padding: 0.4em 0.8em; }
 .failure { color: #a00; } .warning { background: #fff4d6; border-left: 4px solid #e0a000; padding: 0.4em 0.8em; }
 .PASS { color: #060; font-weight: bold; } .FAIL { color: #a00; font-weight: bold; } .INCONCLUSIVE { color: #666; }
 """

@@ -34,22 +34,27 @@ def table() -> pd.DataFrame:
     return summary_rows(rows)
 
 
-def test_robust_table_iqm_improvement_and_mlperf(table: pd.DataFrame) -> None:
-    robust = comparisons.robust_table(table, "ddp x2").set_index("label")
-    # dgc: accuracy 0.91 on a (beats ddp's 0.90 always) and 0.60 on b (always loses) -> 0.5 averaged over tasks
-    assert robust.loc["dgc x2", "poi_final_accuracy"] == pytest.approx(0.5)
-    # time: dgc 5..8 s vs ddp 10..13 s on a (always faster), 40 vs 20 on b (always slower) -> 0.5
-    assert robust.loc["dgc x2", "poi_time_to_target_s"] == pytest.approx(0.5)
+def test_robust_table_compares_within_each_workload(table: pd.DataFrame) -> None:
+    robust = comparisons.robust_table(table, "ddp x2")
+    # One row per workload and label: nothing is pooled across the two workloads.
+    assert list(zip(robust["workload"], robust["label"], strict=True)) == [
+        ("a", "ddp x2"), ("a", "dgc x2"), ("a", "qsgd x2"), ("b", "ddp x2"), ("b", "dgc x2"), ("b", "qsgd x2")]
+    robust = robust.set_index(["workload", "label"])
+    # dgc: accuracy 0.91 on a always beats ddp's 0.90, and 0.60 on b always loses to its 0.70
+    assert robust.loc[("a", "dgc x2"), "poi_final_accuracy"] == pytest.approx(1.0)
+    assert robust.loc[("b", "dgc x2"), "poi_final_accuracy"] == pytest.approx(0.0)
+    # time: dgc 5..8 s vs ddp 10..13 s on a (always faster), 40 vs 20 on b (always slower)
+    assert robust.loc[("a", "dgc x2"), "poi_time_to_target_s"] == pytest.approx(1.0)
+    assert robust.loc[("b", "dgc x2"), "poi_time_to_target_s"] == pytest.approx(0.0)
     # qsgd misses the target in 3 of 4 runs on a: a miss is infinitely slow, and ties with nothing
-    assert robust.loc["qsgd x2", "poi_time_to_target_s"] == pytest.approx((0.0 + 0.0) / 2)
-    assert math.isnan(robust.loc["ddp x2", "poi_final_accuracy"])  # the baseline is not compared with itself
-    assert robust.loc["ddp x2", "iqm_final_accuracy"] == pytest.approx(0.8)  # 4 x 0.9 and 4 x 0.7 pooled
-    low, high = robust.loc["ddp x2", ["iqm_final_accuracy_low", "iqm_final_accuracy_high"]]
-    assert low == high == pytest.approx(0.8)  # constant within each task: stratified resamples never move it
-    assert math.isnan(robust.loc["ddp x2", "mlperf_time_to_target_s"])  # two workloads: no single MLPerf result
-    one = comparisons.robust_table(table[table["workload"] == "a"], "ddp x2").set_index("label")
-    assert one.loc["ddp x2", "mlperf_time_to_target_s"] == pytest.approx(11.5)  # mean of 11 and 12
-    assert math.isnan(one.loc["qsgd x2", "mlperf_time_to_target_s"])  # three misses
+    assert robust.loc[("a", "qsgd x2"), "poi_time_to_target_s"] == pytest.approx(0.0)
+    assert math.isnan(robust.loc[("a", "ddp x2"), "poi_final_accuracy"])  # the baseline is not compared with itself
+    assert robust.loc[("a", "ddp x2"), "iqm_final_accuracy"] == pytest.approx(0.9)  # a's runs alone, not b's 0.7
+    low, high = robust.loc[("a", "ddp x2"), ["iqm_final_accuracy_low", "iqm_final_accuracy_high"]]
+    assert low == high == pytest.approx(0.9)
+    assert robust.loc[("a", "ddp x2"), "mlperf_time_to_target_s"] == pytest.approx(11.5)  # mean of 11 and 12
+    assert robust.loc[("b", "ddp x2"), "mlperf_time_to_target_s"] == pytest.approx(20.0)
+    assert math.isnan(robust.loc[("a", "qsgd x2"), "mlperf_time_to_target_s"])  # three misses
 
 
 def test_algoperf_scores_over_workloads_and_seeds(table: pd.DataFrame) -> None:
@@ -69,7 +74,10 @@ def test_improvement_plot_and_profile_plot_render(table: pd.DataFrame) -> None:
     long = comparisons.improvement_long(robust)
     assert set(long["label"]) == {"dgc x2", "qsgd x2"}
     fig = figures.plot_improvement(long, "ddp x2")
-    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["dgc x2", "qsgd x2"]
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["dgc x2 on a", "qsgd x2 on a", "dgc x2 on b",
+                                                                      "qsgd x2 on b"]
+    alone = figures.plot_improvement(long[long["workload"] == "a"], "ddp x2")
+    assert [t.get_text() for t in alone.axes[0].get_yticklabels()] == ["dgc x2", "qsgd x2"]
     _, profile = comparisons.algoperf(table)
     assert len(figures.plot_performance_profile(profile).axes[0].get_lines()) == 3
 
@@ -173,8 +181,9 @@ def test_a_report_over_two_workloads_has_a_performance_profile(tmp_path) -> None
     assert (index.parent / "performance_profile.png").exists()
     page = index.read_text()
     assert "AlgoPerf score" in page and "over 6 problems" in page
-    frame = pd.read_csv(index.parent / "comparisons.csv")
-    assert np.isclose(frame.set_index("label").loc["dgc x2", "poi_time_to_target_s"], 0.5)
+    frame = pd.read_csv(index.parent / "comparisons.csv").set_index(["workload", "label"])
+    assert np.isclose(frame.loc[("a", "dgc x2"), "poi_time_to_target_s"], 1.0)  # 1 s against ddp's 2 s
+    assert np.isclose(frame.loc[("b", "dgc x2"), "poi_time_to_target_s"], 0.0)  # 3 s against 2 s
 
 
 def test_the_robust_table_names_each_labels_workload_and_the_algoperf_note_does_not_list_every_label() -> None:
@@ -190,6 +199,50 @@ def test_the_robust_table_names_each_labels_workload_and_the_algoperf_note_does_
         "sgd x1": "digits-mlp", "ddp x2": "digits-mlp", "sgd lm": "shakespeare-gpt", "ddp lm": "shakespeare-gpt"}
     _, left_out, _ = covering(table)
     page = comparisons_html(robust, None, "ddp x2", left_out=left_out)
-    assert "<th>workload</th>" in page
+    assert "<h3>digits-mlp</h3>" in page and "<h3>shakespeare-gpt</h3>" in page  # a table per workload
     assert "Each of the 4 labels ran on only some of the 2 workloads&#x27; problems." in page
     assert "Left out" not in page
+
+
+@pytest.mark.parametrize(("few_seeds", "has_target"), [(False, True), (True, True), (False, False)])
+def test_the_comparisons_prose_names_only_columns_its_tables_have(table: pd.DataFrame, few_seeds: bool,
+                                                                  has_target: bool) -> None:
+    """Every column the section's prose describes is a header of one of its tables, and every header but the label
+    is described; a probability of improvement or MLPerf column that few seeds hide is not described either."""
+    import html
+    import re
+
+    robust = comparisons.robust_table(table, "ddp x2", has_target)
+    text = comparisons.comparisons_html(robust, None, "ddp x2", few_seeds)
+    prose = text[:text.index("<table")]
+    named = {html.unescape(n) for n in re.findall(r'<b class="column">(.*?)</b>', prose)}
+    headers = {html.unescape(h) for h in re.findall(r"<th>(.*?)</th>", text)}
+    assert named and named <= headers, named - headers
+    assert headers - {"label"} <= named, headers - named
+    assert ("P(" in prose) is not few_seeds and ("MLPerf" in prose) is (not few_seeds and has_target)
+    assert ("time to target" in prose) is has_target
+    assert text.count("<table") == 2 and "<h3>a</h3>" in text and "nothing is averaged across workloads" in text
+
+
+def test_labels_identical_on_every_seed_get_a_note_at_their_workloads_table(table: pd.DataFrame) -> None:
+    # A GPT whose sgd, ddp and gpipe follow one trajectory (the same loss on each seed, to float noise), and a
+    # label that differs on one seed only.
+    losses = {0: 2.71, 1: 2.74, 2: 2.69}
+    rows = [{"label": label, "method": label.split()[0], "family": "f", "workload": "gpt", "network": "",
+             "seed": seed, "state": "completed", "time_to_target_s": t, "final_accuracy": 0.3,
+             "final_loss": loss * (1 + 1e-9 * k) + (0.01 if label == "near x2" and seed == 2 else 0.0)}
+            for k, (label, t) in enumerate((("sgd x1", 9.0), ("ddp x2", 5.0), ("gpipe x2", 6.0), ("near x2", 5.0)))
+            for seed, loss in losses.items()]
+    both = pd.concat([table.assign(final_loss=1.0 - table["final_accuracy"]), pd.DataFrame(rows)],
+                     ignore_index=True)
+    identical = comparisons.identical_labels(both)
+    assert identical == {"gpt": [(["sgd x1", "ddp x2", "gpipe x2"], 3)]}  # a and b have no tie; near differs once
+    assert comparisons.identical_labels(both[~((both["label"] == "ddp x2") & (both["seed"] == 2))]) == {
+        "gpt": [(["sgd x1", "gpipe x2"], 3)]}  # ddp has other seeds now: not the same evidence
+    robust = comparisons.robust_table(both, {"a": "ddp x2", "b": "ddp x2", "gpt": "ddp x2"}, readings={"gpt": "loss"})
+    text = comparisons.comparisons_html(robust, None, {"a": "ddp x2", "b": "ddp x2", "gpt": "ddp x2"},
+                                        identical=identical)
+    gpt = text[text.index("<h3>gpt</h3>"):]
+    assert "<b>Identical on every seed:</b> sgd x1, ddp x2, gpipe x2 (final accuracy and held-out loss equal to " \
+           "within 1e-06 relative on each of 3 seeds)" in gpt
+    assert text.count('class="identical"') == 1 and "IQM held-out loss" in gpt and "IQM final accuracy" not in gpt
