@@ -20,6 +20,16 @@ TERMS: dict[str, str] = {
     "speed-up": "the baseline's time to target over the label's, paired by seed.",
     "interval": "over seeds: with 3 or more seeds a bootstrap interval of the mean, with 2 the min–max of the two "
                 "(the sentence at the top of the page says which this page shows).",
+    "IQM": "the interquartile mean: the mean of the middle 50% of a label's runs on one workload (rliable), less "
+           "swayed by one odd seed than the mean.",
+    "probability of improvement": "P(... better than baseline): the chance that a run of the label beats a run of "
+                                  "its workload's baseline on the same workload and network; 0.5 is a draw.",
+    "identical on every seed": "labels whose final accuracy and held-out loss agree to within 1e-6 on each seed: "
+                               "one training trajectory (the same updates in another schedule or placement), so "
+                               "only their times differ.",
+    "Kaplan–Meier curve": "the fraction of a label's seeds at the target against train time, a step up each time a "
+                          "seed reaches it; a seed that missed is censored at its train time (a tick), a diverged "
+                          "one never arrives (an x), so a curve that ends below 1 has seeds that never arrived.",
     "noisy run": "a run whose ranks were starved of CPU by other processes while it ran: its times are flagged.",
     "1F1B": "a pipeline schedule in which, after a warm-up, each stage alternates one forward and one backward "
             "(GPipe runs every forward, then every backward); both flush (update together) once per batch.",
