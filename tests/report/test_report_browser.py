@@ -1,5 +1,6 @@
 """The report page as its reader sees it: index.html opened in headless Chromium, every image loaded, nothing wider
-than the page, the rankings section present; a screenshot goes to the test's temp folder."""
+than the page, the rankings section and the time-to-target survival figure present; a screenshot goes to the test's
+temp folder."""
 
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ window.addEventListener("load", () => {
     per_label_columns: [...document.querySelectorAll("#per-label table")].map(
       t => [...t.querySelectorAll("th")].map(th => th.textContent)),
     tooltips: [...document.querySelectorAll("#per-label .setup")].map(s => s.title),
+    survival: images.filter(img => /survival/.test(img.alt)).map(img => ({
+      alt: img.alt, loaded: img.complete && img.naturalWidth > 0,
+      caption: img.closest("figure")?.querySelector("figcaption")?.textContent || ""})),
   });
   body.appendChild(out);
 });
@@ -101,6 +105,14 @@ def test_the_report_loads_fits_the_page_and_ranks(tmp_path: Path) -> None:
     assert checks["rankings"] and checks["verdicts"] == [
         "On digits-mlp, ddp x2 reached the target 0.9 fastest, in 2 s (mean of 2 runs): it is the baseline."], checks
     assert (tmp_path / "report.png").stat().st_size > 10_000
+    # Time to target as survival: the figure is on the page, and its caption says how censored and diverged runs
+    # are marked and names the label whose seeds never arrived (method5 diverged on both).
+    [survival] = checks["survival"]
+    assert survival["alt"] == "time_to_target_survival.png" and survival["loaded"], survival
+    caption = survival["caption"]
+    assert "Kaplan–Meier" in caption and "censored at its train time, marked |" in caption, caption
+    assert "A diverged run never reaches the target" in caption and "marked x" in caption, caption
+    assert "method5 microbatches=4 replicate=0 lanes=2 x2 (0 of 2 reached; 2 diverged)" in caption, caption
 
 
 def test_a_report_with_a_language_model_reads_it_by_its_loss(tmp_path: Path) -> None:
