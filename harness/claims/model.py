@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from harness.claims.sequential import MIN_SEEDS, Design, looks_up_to
 from harness.report.tables import EXTRA_COLUMNS, MORE_COLUMNS, SUMMARY_COLUMNS
 from harness.suite.files import FileError, load_toml
 
@@ -75,13 +76,42 @@ class Claim(BaseModel):
         return self
 
 
+class Sequential(BaseModel):
+    """`[sequential]`: seeds are added to undecided claims (`dtbench claims --until-decided`) up to `max_seeds`, and
+    every judgement of the file looks at its seeds as the design says (harness/claims/sequential.py): at `looks`
+    seeds (default: doubling from 3, ending at max_seeds), each with its Bonferroni share of the error."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_seeds: int = Field(ge=MIN_SEEDS, le=1000)
+    looks: list[int] | None = Field(default=None, description="the seed counts judged, increasing, from at least "
+                                    f"{MIN_SEEDS} to max_seeds")
+
+    @model_validator(mode="after")
+    def _looks_end_at_max(self) -> Sequential:
+        if self.looks is not None:
+            if not self.looks or self.looks[0] < MIN_SEEDS or self.looks[-1] != self.max_seeds or any(
+                    b <= a for a, b in zip(self.looks, self.looks[1:], strict=False)):
+                raise ValueError(f"looks: must increase from at least {MIN_SEEDS} and end at max_seeds "
+                                 f"({self.max_seeds}), not {self.looks}")
+        return self
+
+    def design(self) -> Design:
+        return Design(tuple(self.looks) if self.looks is not None else looks_up_to(self.max_seeds))
+
+
 class ClaimFile(BaseModel):
-    """A claim file: optionally the suite it is meant for, and its claims."""
+    """A claim file: optionally the suite it is meant for and its sequential design, and its claims."""
 
     model_config = ConfigDict(extra="forbid")
 
     suite: str | None = Field(default=None, description="the suite name the claims are about (checked when set)")
+    sequential: Sequential | None = None
     claim: list[Claim] = Field(min_length=1)
+
+    def design(self) -> Design | None:
+        """The file's sequential design; None: one look at every pair."""
+        return self.sequential.design() if self.sequential is not None else None
 
 
 def load_claims(path: str | Path) -> ClaimFile:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.claims.evaluate import claims_html, evaluate_claims
+from harness.claims.display import claims_html
+from harness.claims.evaluate import evaluate_claims
 from harness.claims.model import load_claims
 from harness.report.csvfile import write_csv
 from harness.results import RunResult

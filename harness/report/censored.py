@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.report import stats
+from harness.report.paired import ALPHA, paired_interval
 
 #: The relations a claim may state (harness/claims/model.py): method against baseline.
 LOWER = ("ratio_le", "diff_le", "absdiff_le")
@@ -86,37 +86,38 @@ class BoundVerdict:
     side: str
 
 
-def bound_verdict(pairs: CensoredPairs, relation: str, value: float) -> BoundVerdict:
-    """The verdict that holds for every true value of the censored times (each somewhere in (T, inf)).
+def bound_verdict(pairs: CensoredPairs, relation: str, value: float, alpha: float = ALPHA) -> BoundVerdict:
+    """The verdict that holds for every true value of the censored times (each somewhere in (T, inf)), its interval
+    the paired t interval at `alpha` on each side (harness/report/paired.py).
 
     Against the claim ('worst'), a censored time goes to whichever end of [T, inf) hurts it: for a `_le` relation
-    the method's to +inf and the baseline's to T, so the ratio of means is as large as it can be; for `_ge` the
-    mirror. PASS needs a finite worst case whose paired bootstrap interval wholly satisfies the relation and in
-    which every censored pair, alone, satisfies it too: a censored method therefore never passes a `_le` claim, and
-    a censored baseline passes one only when the method's time against T already does. For the claim ('best'),
-    the other ends: FAIL needs a finite best case whose interval wholly violates the relation, so a censored
+    the method's to +inf and the baseline's to T, so the ratio is as large as it can be; for `_ge` the mirror. PASS
+    needs a worst case whose interval wholly satisfies the relation and in which every censored pair, alone,
+    satisfies it too: a censored method therefore never passes a `_le` claim (its +inf makes the statistic +inf),
+    and a censored baseline passes one only when the method's time against T already does. For the claim
+    ('best'), the other ends: FAIL needs a best case whose interval wholly violates the relation, so a censored
     baseline never makes a `_le` claim fail, and a missed method fails it only when even its train time T is too
-    slow. absdiff_le has no one-sided bound: censored pairs leave it INCONCLUSIVE. Otherwise INCONCLUSIVE.
+    slow. A value that is +inf and not censored (a diverged run: it never reaches) stays +inf at both ends, so a
+    diverged method fails a `_le` claim against a baseline that arrived. absdiff_le has no one-sided bound:
+    censored pairs leave it INCONCLUSIVE. Otherwise INCONCLUSIVE.
     """
     kind = kind_of(relation)
     if relation == "absdiff_le" or not pairs.censored.any():
         if pairs.censored.any():
             return BoundVerdict("INCONCLUSIVE", math.nan, math.nan, math.nan, "")
-        estimate, low, high = stats.paired_bootstrap(pairs.method, pairs.baseline, kind)
+        estimate, low, high = paired_interval(pairs.method, pairs.baseline, kind, alpha)
         return BoundVerdict(interval_verdict(relation, value, low, high), estimate, low, high, "")
     le = relation in LOWER
     worst = pairs.extreme(method_high=le, baseline_high=not le)
-    if np.isfinite(worst[0]).all() and np.isfinite(worst[1]).all():
-        alone = [holds(relation, value, statistic(kind, np.array([m]), np.array([b])))
-                 for m, b, censored in zip(*worst, pairs.censored, strict=True) if censored]
-        estimate, low, high = stats.paired_bootstrap(*worst, kind)
-        if all(alone) and interval_verdict(relation, value, low, high) == "PASS":
-            return BoundVerdict("PASS", estimate, low, high, "worst")
+    alone = [holds(relation, value, statistic(kind, np.array([m]), np.array([b])))
+             for m, b, censored in zip(*worst, pairs.censored, strict=True) if censored]
+    estimate, low, high = paired_interval(*worst, kind, alpha)
+    if all(alone) and interval_verdict(relation, value, low, high) == "PASS":
+        return BoundVerdict("PASS", estimate, low, high, "worst")
     best = pairs.extreme(method_high=not le, baseline_high=le)
-    if np.isfinite(best[0]).all() and np.isfinite(best[1]).all():
-        estimate, low, high = stats.paired_bootstrap(*best, kind)
-        if interval_verdict(relation, value, low, high) == "FAIL":
-            return BoundVerdict("FAIL", estimate, low, high, "best")
+    estimate, low, high = paired_interval(*best, kind, alpha)
+    if interval_verdict(relation, value, low, high) == "FAIL":
+        return BoundVerdict("FAIL", estimate, low, high, "best")
     return BoundVerdict("INCONCLUSIVE", math.nan, math.nan, math.nan, "")
 
 

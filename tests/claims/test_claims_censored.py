@@ -47,7 +47,9 @@ def test_a_fast_method_against_a_baseline_that_missed_passes_only_when_its_train
                      0.357)
     assert decided["verdict"] == "PASS" and decided["censored_pairs"] == 3
     assert "> 30 s" in decided["note"] and "0.1 [0.1, 0.1] still holds" in decided["note"]
-    assert math.isnan(decided["estimate"])  # no uncensored pair: no estimate, never 0
+    # the estimate and interval shown are the bound's that decided it (the baseline at its train time), never 0
+    assert decided[["estimate", "ci_low", "ci_high"]].tolist() == pytest.approx([0.1, 0.1, 0.1])
+    assert "censored times at the end that hurts the claim" in decided["interval"]
     undecided = judged(two_sided(tmp_path / "b", [(REACHED, 3.0)] * 3, [(MISSED, 5.0)] * 3), tmp_path, "ratio_le",
                        0.357)
     assert undecided["verdict"] == "INCONCLUSIVE" and "decide neither way" in undecided["note"]
@@ -70,7 +72,7 @@ def test_a_fail_needs_every_pair_to_fail_at_its_best_and_a_pass_every_censored_p
                       [(REACHED, 10.0), (REACHED, 10.0), (MISSED, 4.0)])
     row = judged(mixed, tmp_path, "ratio_le", 0.357)
     assert row["verdict"] == "INCONCLUSIVE" and row["censored_pairs"] == 1
-    assert row["estimate"] == pytest.approx(0.2)  # the uncensored pairs' estimate
+    assert math.isnan(row["estimate"]) and row["interval"] == "none: the censored bounds decide nothing"
     assert "seed 2: ddp missed the target (> 4 s)" in row["note"]
 
 
@@ -88,6 +90,39 @@ def test_ge_claims_mirror_the_rule(tmp_path: Path) -> None:
     early = two_sided(tmp_path / "d", [(REACHED, 3.0)] * 3, [(MISSED, 2.0)] * 3)
     assert judged(early, tmp_path, "ratio_ge", 1.0)["verdict"] == "INCONCLUSIVE"
     assert judged(suite_dir, tmp_path, "diff_ge", 15.0)["verdict"] == "PASS"  # 30 - 10 at worst; more only adds
+
+
+def diverged(suite_dir: Path, method: str, seed: int) -> None:
+    """Mark a run of the fake suite diverged (its status; its evaluations stay below the target)."""
+    path = next(suite_dir.glob(f"{method}*-s{seed}")) / "status.json"
+    path.write_text('{"state": "diverged", "error": {"message": "loss is nan", "rank": 0}, "final": {}}')
+
+
+def test_a_diverged_method_fails_against_a_baseline_that_arrived(tmp_path: Path) -> None:
+    # The audit's case: diverged after 5 s against a baseline at 50 s was censored at 5 s and INCONCLUSIVE on
+    # "at most 1x"; a diverged run never reaches the target, so its time is infinite and the claim fails.
+    suite_dir = two_sided(tmp_path, [(MISSED, 5.0)] * 3, [(REACHED, 50.0)] * 3)
+    for seed in range(3):
+        diverged(suite_dir, "dgc", seed)
+    row = judged(suite_dir, tmp_path, "ratio_le", 1.0)
+    assert row["verdict"] == "FAIL" and row["censored_pairs"] == 0 and math.isinf(row["estimate"])
+    assert judged(suite_dir, tmp_path, "ratio_ge", 2.0)["verdict"] == "PASS"  # "at least 2x as long": it is
+    # one diverged seed of three is enough: the mean time of a method that can diverge is infinite
+    one = two_sided(tmp_path / "one", [(REACHED, 10.0), (REACHED, 10.0), (MISSED, 5.0)], [(REACHED, 50.0)] * 3)
+    diverged(one, "dgc", 2)
+    assert judged(one, tmp_path, "ratio_le", 1.0)["verdict"] == "FAIL"
+    # both diverged in a pair: that pair says nothing of the ratio; both sides diverged in others: undecided
+    both = two_sided(tmp_path / "both", [(MISSED, 5.0), (REACHED, 10.0), (REACHED, 10.0), (REACHED, 10.0)],
+                     [(MISSED, 5.0), (REACHED, 50.0), (REACHED, 40.0), (REACHED, 45.0)])
+    diverged(both, "dgc", 0)
+    diverged(both, "ddp", 0)
+    row = judged(both, tmp_path, "ratio_le", 1.0)
+    assert row["verdict"] == "PASS" and row["pairs"] == 4
+    crossed = two_sided(tmp_path / "crossed", [(MISSED, 5.0), (REACHED, 10.0), (REACHED, 10.0)],
+                        [(REACHED, 50.0), (MISSED, 5.0), (REACHED, 45.0)])
+    diverged(crossed, "dgc", 0)
+    diverged(crossed, "ddp", 1)
+    assert judged(crossed, tmp_path, "ratio_le", 1.0)["verdict"] == "INCONCLUSIVE"
 
 
 def test_no_infinity_or_zero_reaches_claims_csv_or_the_page(tmp_path: Path, capsys) -> None:
