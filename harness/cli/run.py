@@ -27,6 +27,10 @@ def add(verbs) -> None:
     run.add_argument("--nodes", type=int, metavar="N",
                      help="slurm: nodes per run for every run (world_size / N tasks on each); overrides the suite")
     run.add_argument("--only", metavar="GLOB", help="run only the runs whose run id matches this shell pattern")
+    run.add_argument("--seeds", metavar="LIST", type=seeds_arg,
+                     help="run these seeds instead of the suite's, e.g. 3,4,5 or 3-9: more seeds of the same runs "
+                          "into the same suite folder (the report, the claims and --resume take them as seeds of "
+                          "the suite; dtbench claims --until-decided adds seeds this way)")
     again = run.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true",
                        help="keep completed runs whose stored spec.json is the run the suite asks for now (a run "
@@ -70,7 +74,7 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
     if args.launcher == "local" and not args.dry_run:
         _warm_up()
     try:
-        specs = expand_suite(args.suite, args.only, args.network, launcher=args.launcher)
+        specs = expand_suite(args.suite, args.only, args.network, launcher=args.launcher, seeds=args.seeds)
     except FileError as exc:
         return fail(str(exc))
     if not specs:
@@ -108,6 +112,22 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
     except OSError as exc:  # the results folder cannot be made or written (a file in its place, no permission)
         return fail(f"{exc.filename or args.out}: cannot write the results: {exc.strerror or exc}")
     return finish(outcomes)
+
+
+def seeds_arg(text: str) -> list[int]:
+    """argparse type of --seeds: '3,4,5', '3-9' or a mix ('0,4-6') -> the seeds in that order, each once."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            low, high = int(first), int(last) if last else int(first)
+            if not 0 <= low <= high < 2**32 or high - low >= 10_000:
+                raise ValueError
+            seeds.extend(s for s in range(low, high + 1) if s not in seeds)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seeds like 3,4,5 or 3-9 (integers from 0 to "
+                                         "2**32 - 1, ranges low-high of at most 10,000)") from None
+    return seeds
 
 
 def _submit(args: argparse.Namespace, specs, argv: list[str]) -> int:

@@ -76,22 +76,24 @@ def _at(document: dict[str, Any], path: str) -> Any:
 def against_suite(suite_file: Path, stored: list[tuple[str, dict[str, Any]]]) -> tuple[list[tuple[str, str]],
                                                                                          str | None]:
     """([(folder, what differs)] for the stored specs (folder name, spec.json's object) that `suite_file` does not
-    ask for under their run id, or a reason the check could not be made). A run launched with --network is compared
-    with the suite expanded under its own network; launch fields (LAUNCH_FIELDS) are not compared. No such file:
+    ask for under their run id, or a reason the check could not be made). A run launched with --network, or of a
+    seed the suite does not list (--seeds, `dtbench claims --until-decided`), is compared with the suite expanded
+    under its own network and seed; launch fields (LAUNCH_FIELDS) are not compared. No such file:
     nothing to check."""
     from harness.suite.expand import expand_suite
     from harness.suite.files import FileError
 
     if not suite_file.is_file():
         return [], None
-    expansions: dict[str, dict[str, RunSpec]] = {}
+    expansions: dict[tuple[str, int | None], dict[str, RunSpec]] = {}
 
-    def expanded(network) -> dict[str, RunSpec]:
-        key = network.model_dump_json() if network is not None else ""
+    def expanded(network, seed: int | None = None) -> dict[str, RunSpec]:
+        key = (network.model_dump_json() if network is not None else "", seed)
         if key not in expansions:
             with warnings.catch_warnings():  # the machine's warnings (cores, threads) are the run's business
                 warnings.simplefilter("ignore")
-                expansions[key] = {s.run_id: s for s in expand_suite(suite_file, None, network)}
+                expansions[key] = {s.run_id: s for s in expand_suite(suite_file, None, network, seeds=(
+                    None if seed is None else [seed]))}
         return expansions[key]
 
     found = []
@@ -104,8 +106,8 @@ def against_suite(suite_file: Path, stored: list[tuple[str, dict[str, Any]]]) ->
                 found.append((name, f"its spec.json does not read as a spec ({str(exc).splitlines()[0]})"))
                 continue
             wanted = plain.get(spec.run_id)
-            if wanted is None and spec.network is not None:
-                wanted = expanded(spec.network).get(spec.run_id)
+            if wanted is None:  # launched with --network, or a seed added by --seeds or --until-decided
+                wanted = expanded(spec.network, spec.seed).get(spec.run_id)
             if wanted is None:
                 found.append((name, "suite.toml has no such run"))
                 continue

@@ -30,7 +30,7 @@ def _lookup(path: Path, field: str, kind: registry.Registry, name: str):
 
 
 def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec | None = None,
-                 launcher: str = "local") -> list[RunSpec]:
+                 launcher: str = "local", seeds: list[int] | None = None) -> list[RunSpec]:
     """Validate a suite file and expand it into one RunSpec per run and seed, in file order: the top-level [[run]]s,
     then each [[group]]'s runs (harness/suite/groups.py), each once per seed.
 
@@ -40,7 +40,8 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
     local `launcher` this machine's CPUs (warning once per run whose threads outnumber its cores; `launcher`
     "slurm": the cluster's nodes are not this machine, so none of that). Any problem raises FileError naming the
     file and the field; nothing is written by this function. `network` (from --network) replaces the suite's and
-    every run's network.
+    every run's network; `seeds` (from --seeds, or the seeds `dtbench claims --until-decided` adds) the suite's
+    seeds.
     """
     path = Path(path)
     host = Host.here() if launcher == "local" else None
@@ -139,7 +140,7 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
         baselines.setdefault(baseline_field, []).append((label, method_cls.name, names))
         if fields["network"] is not None:
             label += f" @ {fields['network'].text}"
-        for seed in suite.seeds:
+        for seed in suite.seeds if seeds is None else seeds:
             run_id = make_run_id(method_id, workload_id, entry.world_size, entry.params, seed,
                                  entry.workload_options, entry.label, fields["network"], fields["memory_per_rank"])
             if run_id in seen:
