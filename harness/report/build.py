@@ -86,8 +86,9 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     The page opens with the rankings per workload and network (report/rankings.py: speed-ups over each workload's
     baseline, baselines.workload_baselines: `baseline` where it ran, else the suite's for that workload, else its
     first ddp run; none where one label ran; the page names them), then the per-label table
-    (a row per workload and label, in rank order). Plots (report/plots.py: one panel per workload, a caption naming
-    the runs each leaves out): accuracy against train time and epochs, training loss, time to target as survival
+    (a row per workload and label, in rank order; under it, the labels identical on every seed). Plots
+    (report/plots.py: one panel per workload, a caption naming the runs each leaves out): accuracy against train
+    time and epochs, training loss, time to target as survival
     (Kaplan–Meier curves per label, report/survival.py), bytes per sample, throughput, each rank's peak memory,
     (when a method runs at several world sizes) scaling, (with 3 seeds or more a label) probability of improvement,
     (when the runs span several workloads) AlgoPerf performance profiles, (with auxiliary heads) per-chunk head
@@ -150,8 +151,8 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
     plots = plots_module.suite_plots(runs, used, rankings.in_rank_order(table, ranked),
                                      rankings.in_rank_order(used_table, ranked), robust, named[0], profile,
                                      few_seeds, interval)
-    sections = [comparisons.comparisons_html(robust, scores, base_of, few_seeds, left_out,
-                                             comparisons.identical_labels(used_table))]
+    identical = comparisons.identical_labels(used_table)
+    sections = [comparisons.comparisons_html(robust, scores, base_of, few_seeds, left_out, identical)]
     for make in extra_sections:
         extra = make(suite_dir, runs, table, out_dir)
         if extra:
@@ -183,7 +184,9 @@ def write_report(suite_dir: str | Path, out_dir: str | Path | None = None, basel
                              f'<p class="warning"><b>Corrupt records.</b> {html_escape(dropped)}.</p>\n' if dropped
                              else ""],
                             rankings=rankings.rankings_html(ranked, base_of, interval), interval=interval,
-                            readings=readings, setups=page.label_setups([run.spec for run in runs]))
+                            readings=readings, setups=page.label_setups([run.spec for run in runs]),
+                            notes="".join(comparisons.identical_html(groups, workload)
+                                          for workload, groups in identical.items()))
     index = out_dir / "index.html"
     index.write_text(html, encoding="utf-8")
     return index

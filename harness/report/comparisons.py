@@ -161,13 +161,15 @@ def identical_labels(table: pd.DataFrame) -> dict[str, list[tuple[list[str], int
     return out
 
 
-def identical_html(groups: list[tuple[list[str], int]]) -> str:
-    """A note under a workload's table for each group of identical_labels: which labels, on how many seeds."""
+def identical_html(groups: list[tuple[list[str], int]], workload: str = "") -> str:
+    """A note under a workload's table for each group of identical_labels: which labels, on how many seeds
+    (`workload`: named first, for a table of several workloads)."""
     e = html.escape
+    where = f"On {workload}: " if workload else ""
     return "".join(
-        f'<p class="identical"><b>Identical on every seed:</b> {e(", ".join(labels))} (final accuracy and held-out '
-        f"loss equal to within {IDENTICAL:g} relative on each of {seeds} seed{'s' if seeds != 1 else ''}). They "
-        "follow one training trajectory (the same updates, computed in another schedule or placement), so the tie "
+        f'<p class="identical"><b>{e(where)}Identical on every seed:</b> {e(", ".join(labels))} (final accuracy and '
+        f"held-out loss equal to within {IDENTICAL:g} relative on each of {seeds} seed{'s' if seeds != 1 else ''}). "
+        "They follow one training trajectory (the same updates, computed in another schedule or placement), so the tie "
         "is by design and only their times tell them apart.</p>\n"
         for labels, seeds in groups)
 

@@ -131,7 +131,7 @@ def with_tooltips(shown: pd.DataFrame, setups: dict[tuple[str, str], str]) -> st
 
 
 def per_label_tables(aggregates: pd.DataFrame, readings: dict[str, str],
-                     setups: dict[tuple[str, str], str] | None = None) -> str:
+                     setups: dict[tuple[str, str], str] | None = None, notes: str = "") -> str:
     """The per-label table: one for the workloads read by accuracy and one for those read by held-out loss (each
     under a heading when the suite has both), so no language model shows an accuracy column. `setups` (label_setups)
     gives each label cell its run's full params as a tooltip."""
@@ -207,7 +207,7 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
                 failed: pd.DataFrame, figures: str, scope: str, sections: Sequence[str] = (),
                 baseline: tuple[str, str] | None = None, warnings: Sequence[str] = (), rankings: str = "",
                 interval: str = stats.CI_WORDS, readings: dict[str, str] | None = None,
-                setups: dict[tuple[str, str], str] | None = None) -> str:
+                setups: dict[tuple[str, str], str] | None = None, notes: str = "") -> str:
     """What the page shows -> one self-contained HTML page (inline CSS, images as data: URIs, no links but to its
     own sections), ending with the glossary of the words it uses (harness/report/glossary.py).
 
@@ -219,6 +219,7 @@ def render_html(suite: str, generated: str, table: pd.DataFrame, aggregates: pd.
     `interval`: what the intervals are (stats.interval_words): every sentence that names them says so.
     `readings`: {workload: 'accuracy' | 'loss'} (tables.readings): the per-label table has one part per reading.
     `setups`: {(workload, label): its full setup} (label_setups), the label cells' tooltips.
+    `notes`: HTML under the per-label table (comparisons.identical_html: labels tied on every seed).
     """
     ci = "95% bootstrap interval" if interval == stats.CI_WORDS else interval
     e = html.escape
@@ -242,7 +243,7 @@ href="#glossary">glossary</a>).</p>
 <p>One row per workload and label, in the order of the rankings. Each cell is the mean [{e(ci)}]; n
 counts the runs with a value. {e(scope)} A label names what sets its runs apart from the method's other runs on the
 workload; hover over it for the full params.</p>
-{per_label_tables(aggregates, readings or {}, setups)}</section>
+{per_label_tables(aggregates, readings or {}, setups)}{notes}</section>
 {"".join(sections)}<h2 id="plots">Plots</h2>
 <p>Bands and error bars are the same intervals of the mean over seeds ({e(ci)}). Each label has its own colour
 (hues grouped by family: reference, data-parallel, compressed, pipeline, local) and keeps it in every plot; plots

@@ -58,8 +58,15 @@ def lm_suite(tmp_path: Path) -> Path:
 def test_a_loss_workload_is_read_by_its_loss(lm_suite: Path) -> None:
     runs = load_suite(lm_suite)
     assert tables.readings(runs) == {"shakespeare-gpt": "loss"}
+    for seed in range(3):  # a schedule of ddp's very updates: the same losses on every seed, at other times
+        write_lm_run(lm_suite, "gpipe", "gpipe lm", seed, [(3.0, 3.4), (5.0, 2.95), (7.0, 2.7)])
     index = build.write_report(lm_suite)
     page = index.read_text(encoding="utf-8")
+    # The tie is said where it shows: under the per-label table and under the workload's comparison table.
+    note = "Identical on every seed:</b> ddp lm, gpipe lm (final accuracy and held-out loss equal to within 1e-06"
+    assert page.count(note) == 2 and "<b>On shakespeare-gpt: Identical on every seed:</b>" in page
+    assert page.index(note) > page.index('<section id="per-label">') and page.rindex(note) > page.index(
+        '<section id="comparisons">')
     rankings = page[page.index('<section id="rankings">'):page.index('<section id="per-label">')]
     per_label = page[page.index('<section id="per-label">'):page.index("</section>", page.index('id="per-label"'))]
     for section in (rankings, per_label):
