@@ -13,6 +13,7 @@ import pandas as pd
 from harness.report import censored, stats
 from harness.report.comparisons import with_keys
 from harness.report.page import number_text, table_html
+from harness.report.paired import paired_interval
 from harness.report.tables import not_completed
 
 #: rankings.csv's columns, in order (docs/results.md).
@@ -43,10 +44,11 @@ def _mean(values: pd.Series) -> float:
 def speedup(label_runs: pd.DataFrame, baseline_runs: pd.DataFrame) -> tuple[float, float, float, int]:
     """Completed runs of a label and of the baseline in one stratum -> (speed-up, low, high, pairs).
 
-    Runs are paired by seed (the first run of each seed on either side); the speed-up is the baseline's mean time
-    to target over the label's, over the pairs (stats.paired_bootstrap, kind "ratio", with its paired 95%
-    interval). NaN unless both reached the target on every pair in a positive time: a missed target has no finite
-    time, and an infinite or zero speed-up is not shown.
+    Runs are paired by seed (the first run of each seed on either side); the speed-up is the baseline's time to
+    target over the label's: the geometric mean of the per-seed ratios with its paired 95% t interval
+    (harness/report/paired.py, as for claims: a bootstrap of 3 pairs is their min-max). NaN unless both reached
+    the target on every pair in a positive time: a missed target has no finite time, and an infinite or zero
+    speed-up is not shown.
     """
     mine = label_runs.groupby("seed")["time_to_target_s"].first().astype(float)
     theirs = baseline_runs.groupby("seed")["time_to_target_s"].first().astype(float)
@@ -57,7 +59,7 @@ def speedup(label_runs: pd.DataFrame, baseline_runs: pd.DataFrame) -> tuple[floa
     # A target met at the first evaluation takes 0 s: no finite ratio then.
     if not (np.isfinite(a).all() and np.isfinite(b).all() and (a > 0).all() and (b > 0).all()):
         return math.nan, math.nan, math.nan, len(seeds)
-    ratio, low, high = stats.paired_bootstrap(a, b, "ratio")
+    ratio, low, high = paired_interval(a, b, "ratio")
     return ratio, low, high, len(seeds)
 
 

@@ -1,8 +1,9 @@
-"""Statistics over seeds: intervals of a mean, the interquartile mean, probability of improvement, paired ratios.
+"""Statistics over seeds: intervals of a mean, the interquartile mean, probability of improvement.
 
-Every interval of the report is a 95% percentile bootstrap over runs (N_BOOT resamples, seeded, so a report repeats
-exactly): of the mean for per-label numbers and plots (`bootstrap_ci95`), stratified by task for the IQM and the
-probability of improvement (rliable: Agarwal et al. 2021), and paired by seed for claims (`paired_bootstrap`).
+These intervals are 95% percentile bootstraps over runs (N_BOOT resamples, seeded, so a report repeats exactly): of
+the mean for per-label numbers and plots (`bootstrap_ci95`), stratified by task for the IQM and the probability of
+improvement (rliable: Agarwal et al. 2021). Paired ratios and differences (claims, the rankings' speed-up) take a
+paired t interval instead (harness/report/paired.py).
 """
 
 from __future__ import annotations
@@ -164,33 +165,3 @@ def interval_words(fewest: int | None) -> str:
     if fewest is None or fewest >= MIN_INTERVAL_RUNS:
         return CI_WORDS
     return "min–max of 2 seeds" if fewest == 2 else "no interval: 1 seed"
-
-
-def paired_bootstrap(method: Values, baseline: Values, kind: str, n_boot: int = N_BOOT, seed: int = 0,
-                     level: float = LEVEL) -> tuple[float, float, float]:
-    """method, baseline: 1-D (pairs: the same seed and task on both sides) -> (estimate, low, high).
-
-    kind "ratio": mean(method) / mean(baseline); kind "diff": mean(method - baseline). The interval is the percentile
-    bootstrap over pairs: each resample draws n pair indices with replacement and keeps both sides of each pair
-    together. +inf (a missed target) is allowed; a ratio with a zero or infinite denominator is NaN, and NaN
-    resamples are left out of the percentiles. NaN with no pair; the interval is NaN with one.
-    """
-    a, b = np.asarray(method, dtype=float), np.asarray(baseline, dtype=float)
-    if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"paired_bootstrap: method and baseline must be 1-D of one length, not {a.shape}, {b.shape}")
-    if kind not in ("ratio", "diff"):
-        raise ValueError(f"paired_bootstrap: kind must be 'ratio' or 'diff', not {kind!r}")
-
-    def statistic(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            if kind == "diff":
-                return (x - y).mean(axis=-1)
-            return x.mean(axis=-1) / y.mean(axis=-1)
-
-    if len(a) == 0:
-        return math.nan, math.nan, math.nan
-    estimate = float(statistic(a, b))
-    if len(a) < 2:
-        return estimate, math.nan, math.nan
-    idx = np.random.default_rng(seed).integers(0, len(a), size=(n_boot, len(a)))
-    return (estimate, *percentile_interval(statistic(a[idx], b[idx]), level))

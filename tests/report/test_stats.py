@@ -106,27 +106,6 @@ def test_probability_of_improvement_is_mann_whitney_u_over_nm(seed):
     assert 0 <= low <= high <= 1
 
 
-# --- paired bootstrap (claims) ---
-
-def test_paired_bootstrap_of_exact_ratios_and_differences_is_a_point():
-    assert stats.paired_bootstrap([2, 4, 6], [1, 2, 3], "ratio") == pytest.approx((2.0, 2.0, 2.0))
-    assert stats.paired_bootstrap([2, 3, 5], [1, 2, 4], "diff") == pytest.approx((1.0, 1.0, 1.0))
-    estimate, low, high = stats.paired_bootstrap([1.0], [2.0], "ratio")
-    assert estimate == 0.5 and math.isnan(low) and math.isnan(high)
-    with pytest.raises(ValueError, match="kind"):
-        stats.paired_bootstrap([1.0], [1.0], "sum")
-
-
-def test_paired_bootstrap_matches_a_loop_that_keeps_pairs_together():
-    rng = np.random.default_rng(5)
-    a, b = rng.exponential(size=6) + 1, rng.exponential(size=6) + 1
-    estimate, low, high = stats.paired_bootstrap(a, b, "ratio", n_boot=400, seed=3)
-    idx = np.random.default_rng(3).integers(0, 6, size=(400, 6))
-    ratios = [a[i].mean() / b[i].mean() for i in idx]
-    assert estimate == pytest.approx(a.mean() / b.mean())
-    assert (low, high) == pytest.approx(tuple(np.percentile(ratios, [2.5, 97.5])))
-
-
 # --- AlgoPerf and MLPerf ---
 
 def test_performance_ratios_profile_and_score_by_hand():
