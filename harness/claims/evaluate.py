@@ -158,13 +158,15 @@ def judge(table: pd.DataFrame, claim: Claim, method: pd.Series, baseline: pd.Ser
             break
     judged = len(set(used["seed"]))
     more = design.next_look(judged) if design is not None and result == "INCONCLUSIVE" else None
-    if more is not None and any("noisy run" in note for note in notes):
+    noisy = any("noisy run" in note for note in notes)
+    if noisy:
         more = None
     notes = ([claim.note] if claim.note else []) + notes
-    if design is not None:
+    if design is not None and claim.kind != "cluster":
         notes.append(f"decided at the look of {judged} seeds" if result != "INCONCLUSIVE" else
                      f"undecided at {judged} seeds; the next look needs {more}" if more is not None else
-                     f"undecided at {judged} seeds, the last look ({design.max_seeds})")
+                     f"undecided at {judged} seeds: more seeds cannot undo the noisy runs, rerun those on a quiet "
+                     "machine" if noisy else f"undecided at {judged} seeds, the last look ({design.max_seeds})")
     if claim.kind == "cluster":
         notes.append(f"would be {result} here, but needs a cluster: {claim.why}" if result != "INCONCLUSIVE"
                      else f"needs a cluster: {claim.why}")
