@@ -18,8 +18,9 @@ TERMS: dict[str, str] = {
                      "never reaches the target.",
     "baseline": "the label every other label of a workload is compared against (ddp by default).",
     "speed-up": "the baseline's time to target over the label's, paired by seed.",
-    "interval": "over seeds: with 3 or more seeds a bootstrap interval of the mean, with 2 the min–max of the two "
-                "(the sentence at the top of the page says which this page shows).",
+    "interval": "over seeds: of a mean, with 3 or more seeds a bootstrap interval, with 2 the min–max of the two "
+                "(the sentence at the top of the page says which this page shows); of a speed-up or a claim, a "
+                "paired Student-t interval on the per-seed log ratios (or differences).",
     "IQM": "the interquartile mean: the mean of the middle 50% of a label's runs on one workload (rliable), less "
            "swayed by one odd seed than the mean.",
     "probability of improvement": "P(... better than baseline): the chance that a run of the label beats a run of "
