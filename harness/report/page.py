@@ -33,13 +33,13 @@ th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
 """
 
 #: What every interval on the page is (harness/report/stats.py).
-INTERVAL_NOTE = ("The intervals of means on this page are 95% percentile bootstraps over seeds (2,000 resamples, seed "
-                 "0): of the mean in the tables and plots, stratified by workload for IQM and probability of "
+INTERVAL_NOTE = ("Each interval of a mean on this page is a 95% percentile bootstrap over seeds (2,000 resamples, "
+                 "seed 0): of the mean in the tables and plots, stratified by workload for IQM and probability of "
                  "improvement. Speed-ups and claims, paired by seed, take a paired Student-t interval on the log "
                  "ratios (or differences): a bootstrap of 3 pairs is only their range.")
 #: The same, when some label has 2 runs or fewer (interval_note).
-FEW_SEEDS_NOTE = ("The intervals of means on this page are percentile bootstraps over seeds (2,000 resamples, seed 0), "
-                  "which with {fewest} are no confidence intervals: the tables' and plots' brackets, bands and error "
+FEW_SEEDS_NOTE = ("Each interval of a mean on this page is a percentile bootstrap over seeds (2,000 resamples, seed "
+                  "0), which with {fewest} is no confidence interval: the tables' and plots' brackets, bands and error "
                   "bars are {words}; a speed-up's paired t interval is very wide on so few pairs. The order of the "
                   "rankings is not a finding: another run of the suite may reorder labels whose ranges overlap.")
 
