@@ -77,7 +77,7 @@ def claims_verb(args: argparse.Namespace, argv: list[str]) -> int:
         return fail(f"{args.suite_dir}: no runs found (no */spec.json)")
     table = tables.summary(runs)
     try:
-        verdicts = evaluate_claims(table, claim_file, args.claims_file, design)
+        verdicts = evaluate_claims(table, claim_file, args.claims_file, design)  # a claim naming no run: exit 2 now
         if args.until_decided:
             verdicts = _until_decided(args, argv, claim_file, design)
             table = tables.summary(load_suite(args.suite_dir))
