@@ -112,9 +112,9 @@ def _censored_note(pairs: pd.DataFrame, claim: Claim, decided: censored.BoundVer
     return text + "; the bounds decide neither way: INCONCLUSIVE"
 
 
-def _look(pairs: pd.DataFrame, claim: Claim, alpha: float) -> tuple[str, censored.BoundVerdict, list[str]]:
-    """The verdict on `pairs` at `alpha` on each side, the bound that decided it, and the notes it needs (censored
-    pairs; a time judged on noisy runs, which makes a decided verdict INCONCLUSIVE)."""
+def _look(pairs: pd.DataFrame, claim: Claim, alpha: float) -> tuple[str, censored.BoundVerdict, list[str], bool]:
+    """The verdict on `pairs` at `alpha` on each side, the bound that decided it, the notes it needs (censored
+    pairs; a time judged on noisy runs, which makes a decided verdict INCONCLUSIVE), and whether noisy runs did."""
     flags = [pairs[column].to_numpy(dtype=bool) for column in ("method_censored", "baseline_censored")]
     decided = censored.bound_verdict(censored.CensoredPairs(pairs["method"].to_numpy(dtype=float),
                                                            pairs["baseline"].to_numpy(dtype=float), *flags),
@@ -123,14 +123,15 @@ def _look(pairs: pd.DataFrame, claim: Claim, alpha: float) -> tuple[str, censore
     if (flags[0] | flags[1]).any():
         notes.append(_censored_note(pairs, claim, decided))
     noisy = int(pairs["noisy"].sum())
+    blocked = False
     if len(pairs) < MIN_SEEDS:
         result = "INCONCLUSIVE"
         notes.append(f"only {len(pairs)} paired seed(s): {MIN_SEEDS} needed")
     elif noisy and claim.metric in hygiene.TIME_COLUMNS and result != "INCONCLUSIVE":
         notes.append(f"would be {result}, but {noisy} of the {len(pairs)} pairs include a noisy run (starved of "
                      "CPU): a time is not judged on them")
-        result = "INCONCLUSIVE"
-    return result, decided, notes
+        result, blocked = "INCONCLUSIVE", True
+    return result, decided, notes, blocked
 
 
 def judge(table: pd.DataFrame, claim: Claim, method: pd.Series, baseline: pd.Series,
@@ -153,14 +154,12 @@ def judge(table: pd.DataFrame, claim: Claim, method: pd.Series, baseline: pd.Ser
     reached = [n for n in looks if n <= len(seeds)] or [len(seeds)]
     for n in reached:
         used = pairs[pairs["seed"].isin(seeds[:n])]
-        result, decided, notes = _look(used, claim, alpha)
+        result, decided, notes, noisy = _look(used, claim, alpha)
         if result != "INCONCLUSIVE":
             break
     judged = len(set(used["seed"]))
-    more = design.next_look(judged) if design is not None and result == "INCONCLUSIVE" else None
-    noisy = any("noisy run" in note for note in notes)
-    if noisy:
-        more = None
+    # more seeds cannot undo noisy runs among the first ones
+    more = design.next_look(judged) if design is not None and result == "INCONCLUSIVE" and not noisy else None
     notes = ([claim.note] if claim.note else []) + notes
     if design is not None and claim.kind != "cluster":
         notes.append(f"decided at the look of {judged} seeds" if result != "INCONCLUSIVE" else

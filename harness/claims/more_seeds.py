@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +22,7 @@ def wanted_seeds(table: pd.DataFrame, claims: ClaimFile, verdicts: pd.DataFrame)
     own row)."""
     wanted: dict[str, int] = {}
     for claim, row in zip(claims.claim, verdicts.itertuples(), strict=True):
-        if isinstance(row.next_look, float) and math.isnan(row.next_look):
+        if pd.isna(row.next_look):
             continue
         for name in (claim.method, claim.baseline):
             for label in pd.unique(table.loc[matching_rows(table, name), "label"].astype(str)):
@@ -31,14 +30,15 @@ def wanted_seeds(table: pd.DataFrame, claims: ClaimFile, verdicts: pd.DataFrame)
     return wanted
 
 
-def suite_file_of(suite_dir: Path) -> Path:
-    """The suite file the runs were made from (spec.json's suite_file, one for all), checked to exist: the extra
-    seeds are expanded from it, so that they are the same runs with another seed. Raises FileError (one line)."""
+def suite_file_of(suite_dir: Path, stored: list[tuple[str, str]]) -> Path:
+    """The suite file the runs were made from (spec.json's suite_file, one for all; `stored`: each run folder's name
+    and spec.json text), checked to exist: the extra seeds are expanded from it, so that they are the same runs with
+    another seed. Raises FileError (one line)."""
     files = set()
-    for spec_path in sorted(suite_dir.glob("*/spec.json")):
+    for _name, text in stored:
         try:
-            files.add(json.loads(spec_path.read_text(encoding="utf-8")).get("suite_file"))
-        except (OSError, ValueError):
+            files.add(json.loads(text).get("suite_file"))
+        except (ValueError, AttributeError):
             continue
     files.discard(None)
     if len(files) != 1:
@@ -60,25 +60,26 @@ def seed_list(suite_seeds: list[int], count: int) -> list[int]:
 
 
 def until_decided(suite_dir: Path, claims: ClaimFile, claims_path: Path, design: Design,
-                  expand: Callable[[list[int]], list[RunSpec]], suite_seeds: list[int],
-                  run: Callable[[list[RunSpec]], None], say: Callable[[str], None]) -> pd.DataFrame:
-    """Judge the claims under `design`; while some claim is undecided and its next look is within the design, run
-    the seeds it needs of the labels behind it (`expand(seeds)`: the suite's specs with those seeds; `run`: runs
-    them into suite_dir, keeping completed ones) and judge again. Returns the last verdicts. Stops too when a round
-    adds no pair to any claim (runs that fail again), saying so."""
+                  judged: tuple[pd.DataFrame, pd.DataFrame], expand: Callable[[list[int]], list[RunSpec]],
+                  suite_seeds: list[int], run: Callable[[list[RunSpec]], None],
+                  say: Callable[[str], None]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """From `judged` (the summary table and the claims judged on it under `design`): while some claim is undecided
+    and its next look is within the design, run the seeds it needs of the labels behind it (`expand(seeds)`: the
+    suite's specs with those seeds; `run`: runs them into suite_dir, keeping completed ones) and judge again.
+    Returns the last (table, verdicts). Stops too when a round adds no pair to any claim (runs that fail again),
+    saying so."""
     from harness.report import tables
 
+    table, verdicts = judged
     judged_pairs: dict[str, int] | None = None
     while True:
-        table = tables.summary(load_suite(suite_dir))
-        verdicts = evaluate_claims(table, claims, claims_path, design)
         pairs = dict(zip(verdicts["id"], verdicts["pairs"], strict=True))
         wanted = wanted_seeds(table, claims, verdicts)
         if not wanted:
-            return verdicts
+            return table, verdicts
         if judged_pairs is not None and pairs == judged_pairs:
             say("the added seeds gave no claim a new pair (their runs failed?): stopping with claims undecided")
-            return verdicts
+            return table, verdicts
         judged_pairs = pairs
         specs = []
         for count in sorted(set(wanted.values())):
@@ -88,3 +89,5 @@ def until_decided(suite_dir: Path, claims: ClaimFile, claims_path: Path, design:
         say(f"undecided: {undecided}; running seeds of {', '.join(sorted(wanted))} for the next look "
             f"({', '.join(f'{label}: {n} seeds' for label, n in sorted(wanted.items()))})")
         run(specs)
+        table = tables.summary(load_suite(suite_dir))
+        verdicts = evaluate_claims(table, claims, claims_path, design)

@@ -79,8 +79,7 @@ def claims_verb(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         verdicts = evaluate_claims(table, claim_file, args.claims_file, design)  # a claim naming no run: exit 2 now
         if args.until_decided:
-            verdicts = _until_decided(args, argv, claim_file, design)
-            table = tables.summary(load_suite(args.suite_dir))
+            table, verdicts = _until_decided(args, argv, claim_file, design, (table, verdicts))
     except FileError as exc:
         return fail(str(exc))
     out = args.out if args.out is not None else args.suite_dir / "report"
@@ -97,8 +96,9 @@ def claims_verb(args: argparse.Namespace, argv: list[str]) -> int:
     return 1 if (verdicts["verdict"] == "FAIL").any() else 0
 
 
-def _until_decided(args: argparse.Namespace, argv: list[str], claim_file, design):
-    """--until-decided: the suite file's specs with more seeds, run into the suite's folder (FileError: why not)."""
+def _until_decided(args: argparse.Namespace, argv: list[str], claim_file, design, judged):
+    """--until-decided from `judged` (the summary and its verdicts): the suite file's specs with more seeds, run into
+    the suite's folder -> the last (summary, verdicts). FileError: why not."""
     from harness.claims.more_seeds import suite_file_of, until_decided
     from harness.launch import warm
     from harness.launch.lock import FolderBusy, suite_lock
@@ -108,8 +108,8 @@ def _until_decided(args: argparse.Namespace, argv: list[str], claim_file, design
     from harness.suite.files import FileError
     from harness.suite.schema import load_suite_file
 
-    suite_file = suite_file_of(args.suite_dir)
     stored = [(p.parent.name, p.read_text(encoding="utf-8")) for p in sorted(args.suite_dir.glob("*/spec.json"))]
+    suite_file = suite_file_of(args.suite_dir, stored)
     stale, problem = against_suite(suite_file, stored)
     if problem or stale:
         raise FileError(problem or f"{args.suite_dir / stale[0][0]}: not what {suite_file} asks for now "
@@ -127,6 +127,6 @@ def _until_decided(args: argparse.Namespace, argv: list[str], claim_file, design
         except FolderBusy as exc:
             raise FileError(str(exc)) from None
 
-    return until_decided(args.suite_dir, claim_file, args.claims_file, design,
+    return until_decided(args.suite_dir, claim_file, args.claims_file, design, judged,
                          lambda seeds: expand_suite(suite_file, seeds=seeds), suite_seeds, run,
                          lambda line: print(f"dtbench claims: {line}", file=sys.stderr))

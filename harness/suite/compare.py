@@ -76,38 +76,44 @@ def _at(document: dict[str, Any], path: str) -> Any:
 def against_suite(suite_file: Path, stored: list[tuple[str, dict[str, Any]]]) -> tuple[list[tuple[str, str]],
                                                                                          str | None]:
     """([(folder, what differs)] for the stored specs (folder name, spec.json's object) that `suite_file` does not
-    ask for under their run id, or a reason the check could not be made). A run launched with --network, or of a
-    seed the suite does not list (--seeds, `dtbench claims --until-decided`), is compared with the suite expanded
-    under its own network and seed; launch fields (LAUNCH_FIELDS) are not compared. No such file:
-    nothing to check."""
+    ask for under their run id, or a reason the check could not be made). The suite is expanded over the stored
+    runs' seeds, so a seed it does not list (--seeds, `dtbench claims --until-decided`) is compared as the same run
+    with that seed; a run launched with --network with the suite expanded under its network; launch fields
+    (LAUNCH_FIELDS) are not compared. No such file: nothing to check."""
     from harness.suite.expand import expand_suite
     from harness.suite.files import FileError
 
     if not suite_file.is_file():
         return [], None
-    expansions: dict[tuple[str, int | None], dict[str, RunSpec]] = {}
+    parsed: list[tuple[str, RunSpec | str]] = []  # each folder's spec, or why its spec.json does not read
+    for name, document in stored:
+        try:
+            parsed.append((name, stored_spec(document)))
+        except ValueError as exc:
+            parsed.append((name, f"its spec.json does not read as a spec ({str(exc).splitlines()[0]})"))
+    # One expansion per network, over every stored run's seed: the suite's own and any that --seeds or
+    # `dtbench claims --until-decided` added (each of those is the same run with another seed).
+    seeds = sorted({spec.seed for _, spec in parsed if isinstance(spec, RunSpec)}) or None
+    expansions: dict[str, dict[str, RunSpec]] = {}
 
-    def expanded(network, seed: int | None = None) -> dict[str, RunSpec]:
-        key = (network.model_dump_json() if network is not None else "", seed)
+    def expanded(network) -> dict[str, RunSpec]:
+        key = network.model_dump_json() if network is not None else ""
         if key not in expansions:
             with warnings.catch_warnings():  # the machine's warnings (cores, threads) are the run's business
                 warnings.simplefilter("ignore")
-                expansions[key] = {s.run_id: s for s in expand_suite(suite_file, None, network, seeds=(
-                    None if seed is None else [seed]))}
+                expansions[key] = {s.run_id: s for s in expand_suite(suite_file, None, network, seeds=seeds)}
         return expansions[key]
 
     found = []
     try:
         plain = expanded(None)
-        for name, document in stored:
-            try:
-                spec = stored_spec(document)
-            except ValueError as exc:
-                found.append((name, f"its spec.json does not read as a spec ({str(exc).splitlines()[0]})"))
+        for name, spec in parsed:
+            if isinstance(spec, str):
+                found.append((name, spec))
                 continue
             wanted = plain.get(spec.run_id)
-            if wanted is None:  # launched with --network, or a seed added by --seeds or --until-decided
-                wanted = expanded(spec.network, spec.seed).get(spec.run_id)
+            if wanted is None and spec.network is not None:  # launched with --network
+                wanted = expanded(spec.network).get(spec.run_id)
             if wanted is None:
                 found.append((name, "suite.toml has no such run"))
                 continue
