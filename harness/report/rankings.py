@@ -318,8 +318,9 @@ def rankings_html(ranked: pd.DataFrame, baseline: Baselines, interval: str = sta
     parts = ['<section id="rankings">\n<h2>Rankings</h2>\n',
              "<p>Per workload and network, the labels ordered by time to target (the mean over the completed runs "
              "that reached it; labels that reached it on every run first, then those that reached it on some, by "
-             "the share), then by final accuracy. Speed-up: the workload's baseline's mean time to target "
-             "over the label's, paired by seed, with its paired bootstrap interval; given only when both reached the "
+             "the share), then by final accuracy. Speed-up: the workload's baseline's time to target over the "
+             "label's, the geometric mean of the per-seed ratios with its paired t interval; given only when both "
+             "reached the "
              "target on every shared seed, or, where one side missed it on some seed, the bound (≥ or ≤) that the "
              "missed run's train time gives, when that bound says which is faster. A workload whose runs set no "
              "target (or different ones) ranks by final accuracy (a language model by its held-out loss, lowest "
