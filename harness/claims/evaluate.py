@@ -58,8 +58,9 @@ def paired_values(table: pd.DataFrame, method: pd.Series, baseline: pd.Series, m
     baseline, method_censored, baseline_censored, noisy (either side noisy), seed. Only runs in USED_STATES (and,
     for a PLAN_METRICS metric, runs refused as does_not_fit, which have their plan). A completed run that missed
     the target is censored: its value is the run's train time T (the time to target is known only to exceed it),
-    and its *_censored flag is True. A diverged run that had not reached the target never will: its time is +inf,
-    known, not censored. Pairs with another missing value are left out."""
+    and its *_censored flag is True. A diverged run never reaches the target, even one that passed it before it blew
+    up (its model ends useless): its time is +inf, known, not censored, as on the page's survival curves
+    (figures.survival_rows). Pairs with another missing value are left out."""
     def side(mask: pd.Series) -> pd.DataFrame:
         states = (*USED_STATES, "does_not_fit") if metric in PLAN_METRICS else USED_STATES
         rows = table[mask & table["state"].isin(states)]
@@ -67,7 +68,7 @@ def paired_values(table: pd.DataFrame, method: pd.Series, baseline: pd.Series, m
         censored = pd.Series(False, index=rows.index)
         if metric in CENSORED_METRICS:
             bound = pd.to_numeric(rows["train_time_s"], errors="coerce").astype(float)
-            never = values.isna() & (rows["state"] == "diverged")
+            never = rows["state"] == "diverged"
             censored = values.isna() & bound.notna() & ~never
             values = values.where(~censored, bound).where(~never, math.inf)
         keys = list(zip(rows["workload"].astype(str), rows["network"].fillna("").astype(str), rows["seed"],

@@ -124,14 +124,16 @@ def bound_verdict(pairs: CensoredPairs, relation: str, value: float, alpha: floa
 def speedup_bound(label_times: np.ndarray, label_censored: np.ndarray, base_times: np.ndarray,
                   base_censored: np.ndarray) -> tuple[float, str]:
     """Paired times to target (1-D, one per seed; a censored entry holds the run's train time T) -> (bound, side):
-    the speed-up mean(baseline) / mean(label) is at least `bound` (side '>=') when only baseline times are censored
-    and that bound is >= 1, at most `bound` ('<=') when only the label's are and it is <= 1: the bound then decides
-    which is faster. (NaN, '') otherwise: no censored time, both sides censored, or a bound that decides nothing."""
+    the speed-up, the geometric mean of the per-seed ratios baseline / label as the rankings report it (paired.py),
+    is at least `bound` (side '>=') when only baseline times are censored and that bound is >= 1, at most `bound`
+    ('<=') when only the label's are and it is <= 1: the bound then decides which is faster (each ratio, and so their
+    geometric mean, only grows as a censored baseline time grows, or shrinks as a censored label time does). (NaN, '')
+    otherwise: no censored time, both sides censored, or a bound that decides nothing."""
     base_only = base_censored.any() and not label_censored.any()
     label_only = label_censored.any() and not base_censored.any()
     if not (base_only or label_only) or not (label_times > 0).all() or not (base_times > 0).all():
         return math.nan, ""
-    bound = float(base_times.mean() / label_times.mean())
+    bound = float(np.exp(np.mean(np.log(base_times / label_times))))
     if base_only and bound >= 1.0:
         return bound, ">="
     if label_only and bound <= 1.0:

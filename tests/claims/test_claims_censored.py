@@ -5,6 +5,7 @@ page."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 import re
 from pathlib import Path
@@ -17,7 +18,7 @@ from test_claims import claim, claim_file, write_run
 from harness.claims.evaluate import evaluate_claims
 from harness.claims.model import load_claims
 from harness.cli import main
-from harness.report import build, censored, tables
+from harness.report import build, censored, figures, tables
 from harness.report.rankings import rankings
 from harness.results import load_suite
 
@@ -123,6 +124,35 @@ def test_a_diverged_method_fails_against_a_baseline_that_arrived(tmp_path: Path)
     diverged(crossed, "dgc", 0)
     diverged(crossed, "ddp", 1)
     assert judged(crossed, tmp_path, "ratio_le", 1.0)["verdict"] == "INCONCLUSIVE"
+
+
+def test_a_method_that_passed_the_target_then_diverged_never_arrived_in_claims_as_on_the_survival_curve(
+        tmp_path: Path) -> None:
+    # Each dgc seed reached the target at 10 s, then blew up: the claims and the survival curve agree that it
+    # never arrived (its model ends useless), so "at most the baseline's 50 s" fails rather than passing at 0.2.
+    suite_dir = two_sided(tmp_path, [(REACHED, 10.0)] * 3, [(REACHED, 50.0)] * 3)
+    table = tables.summary(load_suite(suite_dir))
+    assert (table.loc[table["method"] == "dgc", "time_to_target_s"] == 10.0).all()
+    assert judged(suite_dir, tmp_path, "ratio_le", 1.0)["verdict"] == "PASS"
+    for seed in range(3):
+        path = next(suite_dir.glob(f"dgc*-s{seed}")) / "status.json"
+        status = json.loads(path.read_text())
+        path.write_text(json.dumps({**status, "state": "diverged", "error": {"message": "loss is nan", "rank": 0}}))
+    table = tables.summary(load_suite(suite_dir))
+    assert (table.loc[table["method"] == "dgc", "time_to_target_s"] == 10.0).all()  # it did pass the target once
+    row = judged(suite_dir, tmp_path, "ratio_le", 1.0)
+    assert row["verdict"] == "FAIL" and math.isinf(row["estimate"])
+    survival = figures.survival_rows(table)
+    assert not survival.loc[survival["method"] == "dgc", "reached"].any()
+
+
+def test_the_rankings_speedup_bound_is_on_the_geometric_mean_of_the_per_seed_ratios() -> None:
+    # baseline missed at 4 s on every seed, the label reached at 1, 2 and 4 s: the per-seed ratios are at least 4,
+    # 2 and 1, so their geometric mean (the speed-up the rankings print) is at least 2; the ratio of the means would
+    # say 1.71
+    bound, side = censored.speedup_bound(np.array([1.0, 2.0, 4.0]), np.zeros(3, bool), np.array([4.0, 4.0, 4.0]),
+                                         np.ones(3, bool))
+    assert (bound, side) == (pytest.approx(2.0), ">=")
 
 
 def test_no_infinity_or_zero_reaches_claims_csv_or_the_page(tmp_path: Path, capsys) -> None:
