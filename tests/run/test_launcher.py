@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _signals import with_default_sigint
 
 from harness.results import read_jsonl
 
@@ -61,8 +62,9 @@ def test_killed_rank_fails_the_run_quickly_and_the_suite_goes_on(tmp_path):
     body = '[[run]]\nmethod = "ddp"\nworld_size = 2\n[[run]]\nmethod = "sgd"\n'
     path = suite(tmp_path, "kill", body, epochs=2000)
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(out), "--quiet",
-                             "--only", "*"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = [sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(out), "--quiet", "--only", "*"]
+    proc = subprocess.Popen(with_default_sigint(command), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     run_dir = out / "kill" / "ddp-digits-mlp-w2-s0"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _signals import with_default_sigint
 
 SUITE = """name = "left"
 workload = "digits-mlp"
@@ -72,8 +73,8 @@ def test_an_interrupted_run_leaves_no_process(tmp_path):
     path.write_text(LONG)
     mark = f"DTBENCH_TEST_MARK_{uuid.uuid4().hex}"
     with (tmp_path / "output.txt").open("w") as output:
-        proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(tmp_path),
-                                 "--quiet"], env=_env(mark), stdout=output, stderr=subprocess.STDOUT)
+        command = [sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(tmp_path), "--quiet"]
+        proc = subprocess.Popen(with_default_sigint(command), env=_env(mark), stdout=output, stderr=subprocess.STDOUT)
         metrics = tmp_path / "left" / "ddp-digits-mlp-w2-s0" / "metrics.jsonl"
         deadline = time.monotonic() + 120
         while '"train"' not in (metrics.read_text() if metrics.exists() else "") and time.monotonic() < deadline:
