@@ -65,35 +65,39 @@ def test_killed_rank_fails_the_run_quickly_and_the_suite_goes_on(tmp_path):
     command = [sys.executable, "-m", "harness.cli", "run", str(path), "--out", str(out), "--quiet", "--only", "*"]
     proc = subprocess.Popen(with_default_sigint(command), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    run_dir = out / "kill" / "ddp-digits-mlp-w2-s0"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if any(r["kind"] == "train" and r["rank"] == 1 for r in read_jsonl(run_dir / "metrics.jsonl")):
-            break
-        time.sleep(0.2)
-    else:
-        proc.kill()
-        pytest.fail("the ddp run never started training")
-    pids = json.loads((run_dir / "status.json").read_text())["pids"]
-    os.kill(pids["1"], signal.SIGKILL)
-    killed_at = time.monotonic()
-    while time.monotonic() - killed_at < 30:
-        status = json.loads((run_dir / "status.json").read_text())
-        if status["state"] != "running":
-            break
-        time.sleep(0.2)
-    assert status["state"] == "failed", status
-    assert time.monotonic() - killed_at < 30
-    assert status["error"]["rank"] == 1 and "SIGKILL" in status["error"]["message"]
-    with pytest.raises(ProcessLookupError):
-        os.kill(pids["0"], 0)  # its peer is gone too
-    # The sgd run after it still runs; cut it short to keep the test quick.
-    sgd_dir = out / "kill" / "sgd-digits-mlp-w1-s0"
-    while time.monotonic() - killed_at < 60 and not (sgd_dir / "metrics.jsonl").exists():
-        time.sleep(0.2)
-    assert (sgd_dir / "metrics.jsonl").exists(), "the suite did not go on to the next run"
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=60)
+    try:
+        run_dir = out / "kill" / "ddp-digits-mlp-w2-s0"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(r["kind"] == "train" and r["rank"] == 1 for r in read_jsonl(run_dir / "metrics.jsonl")):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the ddp run never started training")
+        pids = json.loads((run_dir / "status.json").read_text())["pids"]
+        os.kill(pids["1"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        while time.monotonic() - killed_at < 30:
+            status = json.loads((run_dir / "status.json").read_text())
+            if status["state"] != "running":
+                break
+            time.sleep(0.2)
+        assert status["state"] == "failed", status
+        assert time.monotonic() - killed_at < 30
+        assert status["error"]["rank"] == 1 and "SIGKILL" in status["error"]["message"]
+        with pytest.raises(ProcessLookupError):
+            os.kill(pids["0"], 0)  # its peer is gone too
+        # The sgd run after it still runs; cut it short to keep the test quick.
+        sgd_dir = out / "kill" / "sgd-digits-mlp-w1-s0"
+        while time.monotonic() - killed_at < 60 and not (sgd_dir / "metrics.jsonl").exists():
+            time.sleep(0.2)
+        assert (sgd_dir / "metrics.jsonl").exists(), "the suite did not go on to the next run"
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:  # a run left alive by a failed check, or one that ignored the interrupt, would train on forever:
+        if proc.poll() is None:  # end it (its ranks are tethered to it)
+            proc.kill()
+            proc.communicate()
     assert proc.returncode != 0
 
 

@@ -80,7 +80,12 @@ def test_an_interrupted_run_leaves_no_process(tmp_path):
         while '"train"' not in (metrics.read_text() if metrics.exists() else "") and time.monotonic() < deadline:
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=60)
+        try:
+            code = proc.wait(timeout=60)
+        finally:  # a run that ignored the interrupt trains on forever: end it (its ranks are tethered to it)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         left = [describe(pid) for pid in marked(mark)]
     assert code == 130 and "interrupted" in (tmp_path / "output.txt").read_text()
     assert left == []
