@@ -3,11 +3,11 @@ process whatever started the tests.
 
 A process inherits an ignored SIGINT, and Python then installs no KeyboardInterrupt handler: tests started from a
 non-interactive shell's background job (`cmd &`: bash sets SIGINT to ignored there), from nohup, or by a runner
-that ignores it, would send a Ctrl-C that `dtbench run` never sees, as a user's foreground command would (measured:
-both SIGINT tests hung for their 60 s cap when pytest ran as `(pytest ... &)`). `dtbench run` keeps honouring an
-ignored SIGINT (a background job should not die of the terminal's Ctrl-C); the test gives its command the
-disposition of a terminal's foreground command instead: a tiny Python resets SIGINT to its default, then execs the
-command in its own process (same pid), where the new interpreter installs its KeyboardInterrupt handler."""
+that ignores it, would send a Ctrl-C that `dtbench run` never sees, where a terminal's foreground command sees it
+(measured: both SIGINT tests hung for their 60 s cap when pytest ran as `(pytest ... &)`). `dtbench run` keeps
+honouring an ignored SIGINT (a background job should not die of the terminal's Ctrl-C); the test gives its command
+the disposition of a terminal's foreground command instead: a tiny Python resets SIGINT to its default, then execs
+the command in its own process (same pid), where the new interpreter installs its KeyboardInterrupt handler."""
 
 from __future__ import annotations
 
