@@ -133,7 +133,7 @@ def speedup_bound(label_times: np.ndarray, label_censored: np.ndarray, base_time
     label_only = label_censored.any() and not base_censored.any()
     if not (base_only or label_only) or not (label_times > 0).all() or not (base_times > 0).all():
         return math.nan, ""
-    bound = float(np.exp(np.mean(np.log(base_times / label_times))))
+    bound = paired_interval(base_times, label_times, "ratio")[0]  # the speed-up's own estimate, at the bounds
     if base_only and bound >= 1.0:
         return bound, ">="
     if label_only and bound <= 1.0:
