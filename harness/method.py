@@ -194,7 +194,7 @@ class Method(abc.ABC):
 
     def memory_plan(self) -> dict[int, MemoryBytes] | None:
         """The bytes each rank this process runs (every emulated rank in a virtual mode) will hold at its peak,
-        computed before the first step from the method's own structures (harness/memory.py's kinds: weights,
+        computed before the first step from the method's own structures (harness/memory/kinds.py's kinds: weights,
         gradients, optimizer state, weight versions, the activations its schedule holds at its peak, communication
         and compression buffers). The runner records it for every run and refuses a run whose plan exceeds
         `memory_per_rank` before its first step. Default None: the method plans nothing, and a budget refuses it."""

@@ -252,7 +252,7 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
     - tokens_per_s: samples_per_s x workload_options.context (a language model's throughput in tokens).
     - memory_per_rank: the run's emulated device memory (bytes; NaN without one); planned_memory_bytes and
       held_memory_bytes: its largest rank's planned bytes (before the first step) and measured held bytes
-      (harness/memory.py's kinds, each at its peak). A run refused by memory_per_rank has state does_not_fit.
+      (harness/memory/kinds.py's kinds, each at its peak). A run refused by memory_per_rank has state does_not_fit.
     A run without metrics still gets a row (NaN metrics, 0 bytes).
     """
     rows = [run_summary(run) for run in runs]

@@ -1,0 +1,80 @@
+"""Profiling a chain of blocks on one microbatch: each block's saved bytes (Footprint), and a range's sum."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.memory.count import storages
+from harness.memory.saved import SavedTensors, saved_bytes
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """One block of a chain, profiled on a microbatch: the bytes autograd saves for its backward besides its input
+    (its weights excluded), whether it saves its input and its output, and their bytes."""
+
+    saved_bytes: int
+    saves_input: bool
+    saves_output: bool
+    input_bytes: int
+    output_bytes: int
+
+
+class LossBlock(torch.nn.Module):
+    """The loss as the chain's last block (its saved tensors count: a cross-entropy keeps its log-probabilities)."""
+
+    def __init__(self, loss_fn: Any, targets: torch.Tensor):
+        super().__init__()
+        self.loss_fn, self.targets = loss_fn, targets
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(h, self.targets)
+
+
+def footprints(blocks: Iterable[torch.nn.Module], example: torch.Tensor, detach_inputs: bool = False
+               ) -> list[Footprint]:
+    """Each block's Footprint on `example` fed through the chain (one forward with autograd on, no backward). With
+    `detach_inputs` every block after the first starts from a detached input that requires grad, as a pipeline
+    stage receives it. Weights, buffers (BatchNorm's statistics) and the RNG (dropout) are as they were on return."""
+    blocks = list(blocks)
+    devices = [example.device.index or 0] if example.is_cuda else []
+    saved = [[b.detach().clone() for b in block.buffers()] for block in blocks]
+    out: list[Footprint] = []
+    graph = []  # every block's output, kept until the end: a block's saved tensors stay alive as in a training step
+    try:
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            x = example
+            for index, block in enumerate(blocks):
+                if index and detach_inputs and x.is_floating_point():
+                    x = x.detach().requires_grad_(True)
+                entry = x.untyped_storage().data_ptr()
+                counter = SavedTensors(exclude=storages([block]) | {entry})
+                with counter:
+                    y = block(x)
+                exit_ = y.untyped_storage().data_ptr()
+                out.append(Footprint(counter.peak, entry in counter.touched, exit_ in counter.keys(),
+                                     saved_bytes(x), saved_bytes(y)))
+                graph.append((counter, y))
+                x = y
+    finally:
+        with torch.no_grad():
+            for block, values in zip(blocks, saved, strict=True):
+                for buffer, value in zip(block.buffers(), values, strict=True):
+                    buffer.copy_(value)
+    return out
+
+
+def chain_saved_bytes(prints: list[Footprint], start: int, end: int) -> int:
+    """The bytes blocks [start, end) of a profiled chain save for one microbatch's backward, run as one module: each
+    block's own, its input where it saves it, a storage two neighbours both save counted once."""
+    total = 0
+    for i in range(start, end):
+        p = prints[i]
+        total += p.saved_bytes
+        if p.saves_input and (i == start or not prints[i - 1].saves_output):
+            total += p.input_bytes
+    return total
