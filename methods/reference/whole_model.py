@@ -57,13 +57,24 @@ class WholeModelMethod(Method):
         """Samples this rank trains on per step (the global batch; a data-parallel rank its shard)."""
         return self.ctx.params.batch_size
 
+    def activation_samples(self) -> int:
+        """Samples of the largest forward whose activations are held at once (this rank's samples; ddp with
+        gradient accumulation: its largest microbatch). The memory plan prices the activations of this many."""
+        return self.local_samples()
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The step's forward and backward on this rank's samples, leaving the gradient in the parameters'
+        .grad; returns the loss on them (ddp with gradient accumulation runs it per microbatch)."""
+        loss = self.ctx.workload.loss(self.model(x), y)
+        loss.backward()
+        return loss
+
     def train_step(self, batch: Batch) -> StepStats:
         x, y = self.local_batch(batch)
         x, y = x.to(self.ctx.device), y.to(self.ctx.device)
         self.optimizer.zero_grad(set_to_none=True)
         with self.first_steps.watch([self.network]):
-            loss = self.ctx.workload.loss(self.model(x), y)
-            loss.backward()
+            loss = self.forward_backward(x, y)
         if self.clips_update:
             clip_gradients(self.model.parameters(), self.ctx.params.grad_clip)
         self.first_steps.record(self.network.parameters())
@@ -82,9 +93,10 @@ class WholeModelMethod(Method):
 
     def memory_plan(self) -> dict[int, MemoryBytes]:
         """Weights, one gradient each, the optimizer's state, and the activations of one forward of this rank's
-        samples (the loss included), profiled on the model's blocks before the first step."""
+        samples (of its largest microbatch, under gradient accumulation; the loss included), profiled on the model's
+        blocks before the first step."""
         train, device = self.ctx.workload.train, self.ctx.device
-        index = torch.arange(min(len(train), self.local_samples()))
+        index = torch.arange(min(len(train), self.activation_samples()))
         x, y = train.inputs(index).to(device), train.targets(index).to(device)
         prints = footprints([*self.network, LossBlock(self.ctx.workload.loss, y)], x)
         net = [self.network]
