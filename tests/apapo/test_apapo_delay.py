@@ -14,7 +14,7 @@ from torch.func import functional_call
 from _dist import context
 from harness.data.tensors import Batch, DataOrder
 from methods.pipeline.apapo.schedule import version_delays
-from methods.pipeline.pb.spike import SpikeCompensatedSGD
+from methods.pipeline.compensation.spike import SpikeCompensatedSGD
 
 RESNET = {"depth": 8}
 

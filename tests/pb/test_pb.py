@@ -11,13 +11,13 @@ from torch import nn
 
 from _dist import context, spawn
 from harness.data.tensors import Batch, DataOrder
+from methods.pipeline.compensation.spike import SpikeCompensatedSGD, spike_coefficients
 from methods.pipeline.core.actions import Op
 from methods.pipeline.core.interleaver import validate
 from methods.pipeline.core.placement import Placement
 from methods.pipeline.pb.pb import scaled_hyperparameters
 from methods.pipeline.pb.prediction import Predicted
 from methods.pipeline.pb.schedule import pb_delay, pb_tick
-from methods.pipeline.pb.spike import SpikeCompensatedSGD, spike_coefficients
 
 
 def _make(params, rank=0, world_size=1, workload="digits-mlp", records=None):

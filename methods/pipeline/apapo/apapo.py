@@ -24,6 +24,8 @@ from methods.pipeline.apapo.hardware import hardware_for
 from methods.pipeline.apapo.memory import GraphMemory, node_saved, shapes, stage_bytes
 from methods.pipeline.apapo.plan import LayerPlan, agree
 from methods.pipeline.apapo.weights import DoubleBuffered
+from methods.pipeline.compensation.prediction import NO_VELOCITY
+from methods.pipeline.compensation.spike import SpikeCompensatedSGD
 from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.block_profile import profiles_to_dicts
@@ -35,8 +37,6 @@ from methods.pipeline.core.placement import Placement, place
 from methods.pipeline.core.plan_memory import nothing_fits
 from methods.pipeline.core.planning import Plan
 from methods.pipeline.core.versions import WeightPolicy
-from methods.pipeline.pb.prediction import NO_VELOCITY
-from methods.pipeline.pb.spike import SpikeCompensatedSGD
 
 
 class APapoParams(PipelineParams):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from methods.pipeline.compensation.prediction import Prediction, predicted_by_velocity
 from methods.pipeline.core.versions import WeightPolicy, Weights
-from methods.pipeline.pb.prediction import Prediction, predicted_by_velocity
 
 
 class DoubleBuffered(WeightPolicy):

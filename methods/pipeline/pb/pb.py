@@ -11,6 +11,8 @@ from torch import nn
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
 from harness.trace import StepSchedule
+from methods.pipeline.compensation.prediction import NO_VELOCITY
+from methods.pipeline.compensation.spike import SpikeCompensatedSGD
 from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.executor import Microbatches, Sizes
@@ -18,9 +20,8 @@ from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import place
 from methods.pipeline.core.stage import BackwardMode
 from methods.pipeline.core.versions import WeightPolicy
-from methods.pipeline.pb.prediction import NO_VELOCITY, Predicted
+from methods.pipeline.pb.prediction import Predicted
 from methods.pipeline.pb.schedule import pb_delay, pb_tick
-from methods.pipeline.pb.spike import SpikeCompensatedSGD
 
 
 def scaled_hyperparameters(lr: float, momentum: float, batch: int, reference_batch: int) -> tuple[float, float]:

@@ -1,40 +1,13 @@
-"""Linear Weight Prediction (Kosson et al., MLSys 2021): a forward runs on the weights predicted for its backward."""
+"""PB's weight policy: a forward runs on the weights Linear Weight Prediction (Kosson et al., MLSys 2021) gives for
+its backward (methods/pipeline/compensation/prediction.py), or on the live ones."""
 
 from __future__ import annotations
-
-from typing import Literal
 
 import torch
 from torch import nn
 
+from methods.pipeline.compensation.prediction import Prediction, predict_by_difference, predicted_by_velocity
 from methods.pipeline.core.versions import WeightPolicy, Weights
-
-# backward comes, D updates later; optionally a stash of them for the backward.
-Prediction = Literal["none", "lwp_v", "lwp_w"]
-
-
-#: Why a params model refuses lwp_v without momentum (PB's and APapo's validators).
-NO_VELOCITY = ("prediction = 'lwp_v' predicts with the velocity, and momentum 0 keeps none, so it would predict "
-               "nothing: set momentum > 0 or prediction = 'none'")
-
-
-def predict_by_velocity(weights: torch.Tensor, velocity: torch.Tensor | None, lr: float, delay: int) -> torch.Tensor:
-    """lwp_v: w - lr·D·v. Momentum SGD moves the weights by -lr·v per step; D steps of the current velocity."""
-    return weights.detach().clone() if velocity is None else weights.detach() - (lr * delay) * velocity
-
-
-def predicted_by_velocity(params: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer, delay: int
-                          ) -> Weights:
-    """lwp_v on every parameter, detached: the velocity from the optimizer's state ('momentum_buffer', as torch's SGD
-    and SpikeCompensatedSGD keep it; none yet: the weights as they are) and the lr of its first parameter group."""
-    lr = optimizer.param_groups[0]["lr"]
-    return {name: predict_by_velocity(p, optimizer.state.get(p, {}).get("momentum_buffer"), lr, delay)
-            for name, p in params.items()}
-
-
-def predict_by_difference(weights: torch.Tensor, previous: torch.Tensor | None, delay: int) -> torch.Tensor:
-    """lwp_w: w + D·(w - w_prev). The last update, repeated D times."""
-    return weights.detach().clone() if previous is None else weights.detach() + delay * (weights.detach() - previous)
 
 
 class Predicted(WeightPolicy):

@@ -1,0 +1,1 @@
+"""Delay compensation the asynchronous pipelines share (PB, APapo): weight prediction and spike compensation."""
