@@ -76,7 +76,10 @@ class RunMeasure:
 
     @property
     def microbatches(self) -> int:
-        return int(self.params.get("microbatches") or 1)
+        """A pipeline's M; 1 without the param, and for ddp's 'auto' (its accumulation, chosen by its plan: a
+        data-parallel projection prices the rank's whole shard either way)."""
+        value = self.params.get("microbatches")
+        return value if isinstance(value, int) and value >= 1 else 1
 
     @property
     def is_pipeline(self) -> bool:

@@ -9,14 +9,14 @@ from pydantic import Field
 
 from harness.data.tensors import Batch
 from harness.memory import state_tensors, tensor_bytes
-from harness.method import StepStats, TrainParams
+from harness.method import StepStats
 from methods.compression.core import Compressor, Memory
 from methods.compression.hook import CompressionHook
-from methods.reference.ddp import DDP
+from methods.reference.ddp import DDP, DDPParams
 
 
-class CompressionParams(TrainParams):
-    """Parameters every compressed method shares."""
+class CompressionParams(DDPParams):
+    """Parameters every compressed method shares (and ddp's: `microbatches`, gradient accumulation)."""
 
     min_compress_numel: int = Field(default=0, ge=0, description="tensors with fewer elements are sent dense fp32")
 

@@ -13,14 +13,14 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 from harness.comm.communicator import ring_all_reduce_bytes
 from harness.data.tensors import Batch
 from harness.memory import gradient_bytes, state_tensors, tensor_bytes
-from harness.method import RunContext, StepStats, TrainParams
+from harness.method import RunContext, StepStats
 from methods.compression.powersgd_state import ParameterState, compressed, matrix_shape
 from methods.compression.stats import bytes_record
-from methods.reference.ddp import DDP
+from methods.reference.ddp import DDP, DDPParams
 
 
-class PowerSGDParams(TrainParams):
-    """PowerSGD's keys, named as the paper and torch's PowerSGDState name them."""
+class PowerSGDParams(DDPParams):
+    """PowerSGD's keys, named as the paper and torch's PowerSGDState name them (and ddp's `microbatches`)."""
 
     rank: int = Field(default=2, ge=1, description="r: an n x m gradient matrix travels as P (n x r) and Q (m x r), "
                       "all-reduced one after the other (torch's matrix_approximation_rank)")
