@@ -1,6 +1,8 @@
 """ddp's gradient accumulation (microbatches = k): on 2 real gloo ranks the steps equal microbatches = 1's, with the
-same bytes on the wire (one all-reduce per step), for ddp and the compressed ddps torch's hooks drive; its plan holds
-one microbatch's activations and so does the step; 'auto' picks the fewest microbatches whose plan fits."""
+same bytes on the wire (one all-reduce per step), for ddp and every compressed ddp (their hooks see the summed shard
+gradient once per step; the stochastic ones draw the same numbers, and on these seeds no rounding decision flips
+between the two sums); its plan holds one microbatch's activations and so does the step; 'auto' picks the fewest
+microbatches whose plan fits; a bad value is one line."""
 
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ def _steps(rank: int, world_size: int, method: str, params: dict, microbatches: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method, params", [("ddp", {}), ("fp16", {}), ("powersgd", {"start_iter": 2})])
+@pytest.mark.parametrize("method, params", [("ddp", {}), ("fp16", {}), ("powersgd", {"start_iter": 2}), ("qsgd", {}),
+                                            ("terngrad", {}), ("onebit", {}), ("dgc", {"density": 0.01})])
 def test_accumulated_steps_equal_one_microbatch_with_the_same_bytes(method, params):
     for rank in spawn(_steps, 2, method, params, [1, 3]):
         one, three = rank[1], rank[3]
