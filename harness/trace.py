@@ -6,26 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-#: Actions that occupy a stage's compute; the others are waits (receives) or hand-overs (sends).
-COMPUTE_OPS = ("forward", "backward", "backward_input", "backward_weight", "update")
-#: Collectives between a stage's replicas: time spent in them is neither compute nor a point-to-point wait.
-SYNC_OPS = ("sync_grads",)
-WAIT_OPS = ("recv_act", "recv_grad")
-
-
-#: A message between stages: (kind 'act' or 'grad', the sending stage, iteration, microbatch). The executors, the
-#: schedule checker and the projection's simulator all key messages this way.
-Message = tuple[str, int, int, int]
-_KINDS = {"send_act": ("act", 0), "recv_act": ("act", -1), "send_grad": ("grad", 0), "recv_grad": ("grad", 1)}
-
-
-def message_key(op: str, stage: int, iteration: int, mb: int) -> Message | None:
-    """The message a send or receive of `stage` handles (an activation received at s was sent by s-1, a gradient
-    by s+1); None for other ops."""
-    if op not in _KINDS:
-        return None
-    kind, offset = _KINDS[op]
-    return (kind, stage + offset, iteration, mb)
+from harness.schedule.ir import COMPUTE, RECEIVES
 
 
 class ScheduledAction(Protocol):
@@ -120,12 +101,12 @@ def parse_events(rows: Any, stage: int = -1) -> list[TraceEvent]:
 
 def busy_s(events: Sequence[TraceEvent]) -> float:
     """Seconds spent in compute actions."""
-    return sum(e.duration for e in events if e.op in COMPUTE_OPS)
+    return sum(e.duration for e in events if e.op in COMPUTE)
 
 
 def wait_s(events: Sequence[TraceEvent]) -> float:
     """Seconds spent waiting in receives."""
-    return sum(e.duration for e in events if e.op in WAIT_OPS)
+    return sum(e.duration for e in events if e.op in RECEIVES)
 
 
 def span_s(events: Sequence[TraceEvent]) -> float:
@@ -138,7 +119,7 @@ def step_bubble(traces: Sequence[Sequence[TraceEvent]]) -> float:
     The makespan runs from the first compute action of any rank (the first stage's first forward) to the last one's
     end, so the fill and drain of the pipeline count and time a rank spends before the step begins elsewhere does
     not; busy time is forward, backward and update time. GPipe's ideal is (S-1)/(M+S-1)."""
-    events = [e for trace in traces for e in trace if e.op in COMPUTE_OPS]
+    events = [e for trace in traces for e in trace if e.op in COMPUTE]
     if not events:
         raise ValueError("no compute events")
     makespan = max(e.end for e in events) - min(e.start for e in events)

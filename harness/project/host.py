@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from harness.trace import COMPUTE_OPS
+from harness.schedule.ir import COMPUTE
 
 if TYPE_CHECKING:
     from harness.project.simulate import Span, Task
@@ -65,7 +65,7 @@ def sharing(spans: Sequence[Sequence[Span]], host: Host, steps: set[int]) -> flo
     for r, rank in enumerate(spans):
         demand = max(1.0, host.threads / lanes[r])
         for s in rank:
-            if s.task.op in COMPUTE_OPS and s.end > s.start:
+            if s.task.op in COMPUTE and s.end > s.start:
                 edges += [(s.start, demand), (s.end, -demand)]
                 if s.task.step in steps:
                     work.append((s.start, s.end))
@@ -109,5 +109,5 @@ def shared_run(tasks: list[list[Task]], host: Host, run: Callable[[list[list[Tas
 
 def scaled(tasks: list[list[Task]], factor: float) -> list[list[Task]]:
     """The tasks with every compute duration times `factor`."""
-    return [[replace(t, duration_s=t.duration_s * factor) if t.op in COMPUTE_OPS else t for t in rank]
+    return [[replace(t, duration_s=t.duration_s * factor) if t.op in COMPUTE else t for t in rank]
             for rank in tasks]

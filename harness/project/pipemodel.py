@@ -17,7 +17,8 @@ from harness.project.measured import RunMeasure
 from harness.project.model import Projected
 from harness.project.partition import stage_param_bytes, stage_ranges
 from harness.project.profile import BlockCosts
-from harness.project.simulate import SENDS, Task, busy_s, period_s, simulate, simulated_bubble
+from harness.project.simulate import Task, busy_s, period_s, simulate, simulated_bubble
+from harness.schedule.ir import RECEIVES, SENDS, Op
 from harness.split import uniform_split
 from harness.trace import ScheduledAction, StepSchedule
 
@@ -277,10 +278,10 @@ def template_tasks(measure: RunMeasure) -> tuple[list[list[Task]], int, int]:
         tasks = []
         for e in step[worker]:
             if e.op in SENDS:
-                nbytes = measure.message_bytes.get((SENDS[e.op], e.stage), 0.0)
+                nbytes = measure.message_bytes.get(("act" if e.op == Op.SEND_ACT else "grad", e.stage), 0.0)
             else:
-                nbytes = param_bytes.get(e.stage, 0.0) if e.op == "sync_grads" else 0.0
-            own = durations[(worker, e.op, e.stage)] if e.op not in ("recv_act", "recv_grad", "sync_grads") else 0.0
+                nbytes = param_bytes.get(e.stage, 0.0) if e.op == Op.SYNC_GRADS else 0.0
+            own = durations[(worker, e.op, e.stage)] if e.op not in (*RECEIVES, Op.SYNC_GRADS) else 0.0
             tasks.append(Task(e.op, e.stage, e.mb, own, nbytes, e.iteration, lane=e.lane))
         ranks.append(tasks)
     return ranks, *step_shifts(measure)

@@ -8,12 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.project.links import Link, TokenBucket, ring_all_reduce_s, shaped_seconds
-from harness.trace import COMPUTE_OPS, Message, TraceEvent, message_key, step_bubble
-
-SENDS = {"send_act": "act", "send_grad": "grad"}
-RECEIVES = {"recv_act": "act", "recv_grad": "grad"}
-#: The ops that differentiate a microbatch's forward (a zero-bubble B; its W follows B on the same rank).
-BACKWARDS = ("backward", "backward_input")
+from harness.schedule.ir import BACKWARDS, COMPUTE, RECEIVES, SENDS, Message, Op, message_key
+from harness.schedule.walk import Handler, walk
+from harness.trace import TraceEvent, step_bubble
 
 
 @dataclass(frozen=True)
@@ -37,8 +34,8 @@ class Task:
 
     @property
     def message(self) -> Message:
-        """The message a send or receive handles, keyed as the executors key it (harness.trace.message_key: kind,
-        sending stage, iteration, microbatch)."""
+        """The message a send or receive handles, keyed as the executors key it (harness.schedule.ir.message_key:
+        kind, sending stage, iteration, microbatch)."""
         key = message_key(self.op, self.stage, self.iteration, self.mb)
         if key is None:
             raise ValueError(f"{self.op} is not a send or a receive")
@@ -55,7 +52,8 @@ class Span:
 
 
 def simulate(ranks: Sequence[Sequence[Task]], link: Link) -> list[list[Span]]:
-    """Run every rank's task list (ranks x tasks) and return the spans (ranks x tasks, in list order).
+    """Run every rank's task list (ranks x tasks) and return the spans (ranks x tasks, in list order): the walk
+    (harness/schedule/walk.py) of the ranks' lanes, timed by `Timing`.
 
     Each lane of a rank runs its tasks in list order, as the pipeline executor does (methods/pipeline/core/
     executor.py; a rank with one lane is one executor, Q-FB's two lanes are two, one per thread):
@@ -73,44 +71,40 @@ def simulate(ranks: Sequence[Sequence[Task]], link: Link) -> list[list[Span]]:
     - a backward waits for the forward of the same microbatch on its rank (two lanes: LaneStage waits for it);
     - a sync_grads waits for every lane that has the same sync (stage, round, iteration, step), then all of them
       spend the ring all-reduce of its bytes over their count.
-    Lanes share their rank's links. Lanes are advanced in the order of their clocks. Raises ValueError on a
-    deadlock, naming the waiting tasks.
+    Lanes share their rank's links. Lanes are advanced in the order of their clocks. Raises Deadlock (a ValueError)
+    naming the waiting tasks.
     """
-    sim = _Simulation(ranks, link)
-    while True:
-        sim.begin_steps()
-        ready = [w for w in range(len(sim.lanes)) if sim.position[w] < len(sim.lanes[w]) and sim.can_run(w)]
-        if not ready:
-            stuck = [f"rank {sim.rank_of[w]}: {sim.task(w)}" for w in range(len(sim.lanes))
-                     if sim.position[w] < len(sim.lanes[w])]
-            if stuck:
-                raise ValueError("deadlock: " + "; ".join(stuck))
-            return [[span for span in rank if span is not None] for rank in sim.spans]
-        sim.run(min(ready, key=lambda w: sim.clock[w]))
+    timing = Timing(ranks, link)
+    walk(timing.lanes, timing, lambda w: f"rank {timing.rank_of[w]}")
+    return [[span for span in rank if span is not None] for rank in timing.spans]
 
 
-class _Simulation:
-    """The state of one simulation: per lane (a rank's tasks of one lane, with their indices in the rank's list)
-    clocks, positions and posted steps; messages in flight, links (per rank) and syncs."""
+class Timing(Handler[Task]):
+    """The walk's time handler: per lane (a rank's tasks of one lane; `index`: their indices in the rank's list)
+    clocks, positions and posted steps; messages in flight, links (per rank) and syncs. A lane is ready once its
+    step has begun (`begin_step`) and its receive's message arrived, its sync is not waiting, its backward's forward
+    ran; the ready lane with the earliest clock runs next."""
 
     def __init__(self, ranks: Sequence[Sequence[Task]], link: Link):
-        self.ranks, self.link = ranks, link
-        self.lanes: list[list[tuple[int, Task]]] = []
+        self.link = link
+        self.lanes: list[list[Task]] = []
+        self.index: list[list[int]] = []
         self.rank_of: list[int] = []
         for r, tasks in enumerate(ranks):
             for lane in sorted({t.lane for t in tasks}):
-                self.lanes.append([(i, t) for i, t in enumerate(tasks) if t.lane == lane])
+                self.index.append([i for i, t in enumerate(tasks) if t.lane == lane])
+                self.lanes.append([tasks[i] for i in self.index[-1]])
                 self.rank_of.append(r)
         self.siblings = {r: [w for w in range(len(self.lanes)) if self.rank_of[w] == r] for r in range(len(ranks))}
         self.sent = {t.message for tasks in ranks for t in tasks if t.op in SENDS}
-        self.receiver = {t.message: (w, t.step) for w, tasks in enumerate(self.lanes) for _, t in tasks
+        self.receiver = {t.message: (w, t.step) for w, tasks in enumerate(self.lanes) for t in tasks
                          if t.op in RECEIVES}
         self.forwards = {(r, t.stage, t.iteration, t.mb) for r, tasks in enumerate(ranks) for t in tasks
-                         if t.op == "forward"}
+                         if t.op == Op.FORWARD}
         self.syncs: dict[tuple, int] = {}
         for tasks in ranks:
             for t in tasks:
-                if t.op == "sync_grads":
+                if t.op == Op.SYNC_GRADS:
                     self.syncs[sync_key(t)] = self.syncs.get(sync_key(t), 0) + 1
         self.clock = [0.0] * len(self.lanes)
         self.position = [0] * len(self.lanes)
@@ -127,68 +121,64 @@ class _Simulation:
         self.link_free = [[0.0, 0.0] for _ in ranks]  # per rank: egress, ingress free
         self.waiting: dict[tuple, dict[int, float]] = {}
 
-    def task(self, w: int) -> Task:
-        return self.lanes[w][self.position[w]][1]
-
     def starts_step(self, w: int) -> bool:
         p = self.position[w]
-        return p == 0 or self.lanes[w][p - 1][1].step != self.lanes[w][p][1].step
+        return p == 0 or self.lanes[w][p - 1].step != self.lanes[w][p].step
 
     def step_over(self, w: int, step: int) -> bool:
         """Whether lane w has run every task of steps up to `step`."""
         p = self.position[w]
-        return p >= len(self.lanes[w]) or self.lanes[w][p][1].step > step
+        return p >= len(self.lanes[w]) or self.lanes[w][p].step > step
 
-    def begin_steps(self) -> None:
-        """Every lane at the start of a step whose sends of two steps ago have completed, and whose rank's lanes
-        have all ended the step before, begins it: its clock waits for them, and it posts the step's receives
-        (which lets their messages move)."""
-        for w in range(len(self.lanes)):
-            if self.position[w] >= len(self.lanes[w]) or not self.starts_step(w):
-                continue
-            step = self.task(w).step
-            retired = self.sends.get((w, step - 2), [])
-            siblings = self.siblings[self.rank_of[w]]
-            if (w, step) in self.posted or any(m not in self.done for m in retired) or \
-                    not all(self.step_over(v, step - 1) for v in siblings):
-                continue
-            self.clock[w] = max([self.clock[w], *(self.done[m] for m in retired),
-                                 *(self.step_end.get((v, step - 1), 0.0) for v in siblings)])
-            # the ready notices queue behind what the rank's link already carries (one byte stream per pair)
-            self.posted[(w, step)] = max(self.clock[w], self.link_free[self.rank_of[w]][0]) + self.link.alpha_s
-            for message, sender, ready, nbytes in self.pending.pop((w, step), []):
-                self.transfer(message, sender, w, ready, nbytes)
+    def begin_step(self, w: int, step: int) -> None:
+        """A lane at the start of a step whose sends of two steps ago have completed, and whose rank's lanes have all
+        ended the step before, begins it: its clock waits for them, and it posts the step's receives (which lets
+        their messages move)."""
+        retired = self.sends.get((w, step - 2), [])
+        siblings = self.siblings[self.rank_of[w]]
+        if (w, step) in self.posted or any(m not in self.done for m in retired) or \
+                not all(self.step_over(v, step - 1) for v in siblings):
+            return
+        self.clock[w] = max([self.clock[w], *(self.done[m] for m in retired),
+                             *(self.step_end.get((v, step - 1), 0.0) for v in siblings)])
+        # the ready notices queue behind what the rank's link already carries (one byte stream per pair)
+        self.posted[(w, step)] = max(self.clock[w], self.link_free[self.rank_of[w]][0]) + self.link.alpha_s
+        for message, sender, ready, nbytes in self.pending.pop((w, step), []):
+            self.transfer(message, sender, w, ready, nbytes)
 
-    def can_run(self, w: int) -> bool:
-        task = self.task(w)
-        if self.starts_step(w) and (w, task.step) not in self.posted:
-            return False
+    def ready(self, w: int, task: Task) -> bool:
+        if self.starts_step(w):
+            self.begin_step(w, task.step)
+            if (w, task.step) not in self.posted:
+                return False
         if task.op in RECEIVES:
             return task.message in self.arrival or task.message not in self.sent
-        if task.op == "sync_grads":
+        if task.op == Op.SYNC_GRADS:
             return w not in self.waiting.get(sync_key(task), {})
         if task.op in BACKWARDS:
             own = (self.rank_of[w], task.stage, task.iteration, task.mb)
             return own in self.forwarded or own not in self.forwards
         return True
 
+    def pick(self, ready: Sequence[int], last: int) -> int:
+        return min(ready, key=lambda w: self.clock[w])
+
     def finish(self, w: int, start: float, end: float) -> None:
-        index, task = self.lanes[w][self.position[w]]
-        self.spans[self.rank_of[w]][index] = Span(task, start, end)
+        task = self.lanes[w][self.position[w]]
+        self.spans[self.rank_of[w]][self.index[w][self.position[w]]] = Span(task, start, end)
         self.clock[w] = end
         self.step_end[(w, task.step)] = end
         self.position[w] += 1
 
-    def run(self, w: int) -> None:
-        task, r = self.task(w), self.rank_of[w]
-        if task.op == "sync_grads":
-            self.sync(w, task)
-            return
+    def run(self, w: int, task: Task) -> Sequence[int]:
+        r = self.rank_of[w]
+        if task.op == Op.SYNC_GRADS:
+            return self.sync(w, task)
         start = self.clock[w]
         if task.op in BACKWARDS:
             start = max(start, self.forwarded.get((r, task.stage, task.iteration, task.mb), 0.0))
         end = max(start, self.arrival.get(task.message, 0.0)) if task.op in RECEIVES else start + task.duration_s
-        if task.op == "forward":
+        if task.op == Op.FORWARD:
             self.forwarded[(r, task.stage, task.iteration, task.mb)] = end
         if task.op in SENDS and task.message in self.receiver:
             self.sends.setdefault((w, task.step), []).append(task.message)
@@ -198,6 +188,7 @@ class _Simulation:
             else:
                 self.pending.setdefault((destination, step), []).append((task.message, w, end, task.nbytes))
         self.finish(w, start, end)
+        return (w,)
 
     def transfer(self, message: tuple, sender: int, destination: int, ready: float, nbytes: float) -> None:
         """Move a message whose send (on lane `sender`) ended at `ready` and whose receive (on lane `destination`)
@@ -210,15 +201,18 @@ class _Simulation:
         self.done[message] = end
         self.arrival[message] = end + self.link.alpha_s
 
-    def sync(self, w: int, task: Task) -> None:
+    def sync(self, w: int, task: Task) -> Sequence[int]:
+        """A lane reaches a sync: it waits until the last member arrives; then all of them are done together."""
         key = sync_key(task)
         self.waiting.setdefault(key, {})[w] = self.clock[w]
         if len(self.waiting[key]) < self.syncs[key]:
-            return  # until the last member arrives, can_run keeps the waiting ones out
+            return ()
         start = max(self.waiting[key].values())
         end = start + ring_all_reduce_s(task.nbytes, self.syncs[key] * task.peers, self.link)
-        for member in self.waiting.pop(key):
+        members = list(self.waiting.pop(key))
+        for member in members:
             self.finish(member, start, end)
+        return members
 
 
 def sync_key(task: Task) -> tuple[int, int, int, int]:
@@ -251,7 +245,7 @@ def busy_s(spans: Sequence[Sequence[Span]], step: int) -> float:
     per_rank = []
     for rank in spans:
         intervals = sorted((s.start, s.end) for s in rank if s.task.step == step and (
-            s.task.op in COMPUTE_OPS or s.task.op in SENDS))
+            s.task.op in COMPUTE or s.task.op in SENDS))
         covered, reach = 0.0, -math.inf
         for start, end in intervals:
             covered += max(0.0, end - max(start, reach))
@@ -265,4 +259,4 @@ def simulated_bubble(spans: Sequence[Sequence[Span]], step: int) -> float:
     arithmetic as the report's measured bubble."""
     traces = [[TraceEvent(s.task.op, s.task.mb, s.start, s.end, -1, s.task.stage, s.task.iteration)
                for s in rank if s.task.step == step] for rank in spans]
-    return step_bubble([t for t in traces if any(e.op in COMPUTE_OPS for e in t)])
+    return step_bubble([t for t in traces if any(e.op in COMPUTE for e in t)])

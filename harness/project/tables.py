@@ -17,9 +17,9 @@ from harness.project.model import Projected
 from harness.project.partition import stage_ranges
 from harness.project.pipemodel import PipelineModel
 from harness.project.progress import phase
-from harness.project.simulate import SENDS
 from harness.project.suite import CalibratedSuite, Calibration, Settings, shape
-from harness.trace import COMPUTE_OPS, step_bubble
+from harness.schedule.ir import COMPUTE, SENDS
+from harness.trace import step_bubble
 
 PROJECTION_COLUMNS = ("method", "workload", "label", "world_size", "network", "batch_size", "step_time_s",
                       "samples_per_s", "time_to_target_s", "compute_s", "compression_s", "exposed_comm_s", "bubble_s",
@@ -111,7 +111,7 @@ def measured_bubble(run: RunMeasure) -> float:
 def measured_busy(run: RunMeasure) -> float:
     """The run's quantile over the traced steps of the mean busy time of a rank (compute and sends), as the
     simulator's compute part counts it."""
-    values = [statistics.fmean(sum(e.duration for e in events if e.op in COMPUTE_OPS or e.op in SENDS)
+    values = [statistics.fmean(sum(e.duration for e in events if e.op in COMPUTE or e.op in SENDS)
                                for events in run.traces[s].values()) for s in traced_steps(run)]
     return float(np.quantile(values, run.quantile)) if values else math.nan
 

@@ -14,8 +14,9 @@ import pandas as pd
 
 from harness.report.figures import new_figure
 from harness.results import RunResult
+from harness.schedule.ir import COMPUTE
 from harness.suite.spec import safe_name
-from harness.trace import COMPUTE_OPS, TraceEvent, ideal_bubble, parse_events, step_bubble, zb_h1_bubble
+from harness.trace import TraceEvent, ideal_bubble, parse_events, step_bubble, zb_h1_bubble
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -107,7 +108,7 @@ def plot_gantt(run: RunResult) -> Figure:
     from matplotlib.patches import Patch
 
     step, ranks = list(traced_steps(run).items())[-1]
-    origin = min(e.start for events in ranks for e in events if e.op in COMPUTE_OPS)
+    origin = min(e.start for events in ranks for e in events if e.op in COMPUTE)
     rows = [(r, lane) for r, events in enumerate(ranks) for lane in sorted({e.lane for e in events} or {0})]
     fig = new_figure(width=9.0, height=1.6 + 0.6 * len(rows))
     ax = fig.subplots()

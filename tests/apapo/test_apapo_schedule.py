@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from harness.schedule.ir import Op, compute_order
 from methods.pipeline.apapo.schedule import apapo, gate, segment, version_delay, version_delays, version_of
 from methods.pipeline.apapo.schedule import apapo_drain as drain
-from methods.pipeline.core.actions import Op, compute_order
 from methods.pipeline.core.interleaver import Interleaver, validate
 from methods.pipeline.core.placement import Placement, place
 from methods.pipeline.flushed.schedules import one_f_one_b

@@ -11,8 +11,8 @@ from torch import nn
 
 from _dist import context, spawn
 from harness.data.tensors import Batch, DataOrder
+from harness.schedule.ir import Op
 from methods.pipeline.compensation.spike import SpikeCompensatedSGD, spike_coefficients
-from methods.pipeline.core.actions import Op
 from methods.pipeline.core.interleaver import validate
 from methods.pipeline.core.placement import Placement
 from methods.pipeline.pb.pb import scaled_hyperparameters

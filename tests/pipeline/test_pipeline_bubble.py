@@ -43,7 +43,7 @@ def test_two_process_gpipe_traces_follow_the_schedule_and_causality():
     processes), and the bubble is a fraction. Whether it is within 0.05 of the ideal 1/9 is a performance number,
     measured by benchmarks/measure/pipeline_step.py and asv's track_gpipe_bubble, not asserted here: this machine is
     noisy."""
-    from methods.pipeline.core.actions import compute_order
+    from harness.schedule.ir import compute_order
     from methods.pipeline.flushed.schedules import gpipe
 
     traces = spawn(_gpipe_ranks, 2, 4)

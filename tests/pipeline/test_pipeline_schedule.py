@@ -6,8 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from methods.pipeline.core.actions import Action, Op, compute_order
-from methods.pipeline.core.interleaver import Deadlock, Interleaver, validate
+from harness.schedule.ir import Action, Op, compute_order
+from harness.schedule.walk import Deadlock
+from methods.pipeline.core.interleaver import Interleaver, validate
 from methods.pipeline.core.placement import Placement, place
 from methods.pipeline.flushed.schedules import gpipe, interleaved_1f1b, one_f_one_b
 from methods.pipeline.pipedream.schedule import pipedream, pipedream_delay, pipedream_drain, pipedream_tick

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from harness.schedule.ir import SHORT
 from harness.trace import TraceEvent
 from harness.trace_export import chrome_trace
-from methods.pipeline.core.actions import SHORT
 from methods.pipeline.flushed.schedules import interleaved_1f1b
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}

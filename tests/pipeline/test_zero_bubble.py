@@ -11,7 +11,7 @@ from test_pipeline import _flat, _make, _ranks, _sgd_flat, _stage_params, _train
 from _dist import spawn
 from harness.project.pipemodel import FREE, StageCosts, pipeline_tasks
 from harness.project.simulate import period_s, simulate, simulated_bubble
-from methods.pipeline.core.actions import Op
+from harness.schedule.ir import Op
 from methods.pipeline.core.interleaver import validate
 from methods.pipeline.flushed.schedules import one_f_one_b, zb_h1
 

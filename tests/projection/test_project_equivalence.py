@@ -9,10 +9,10 @@ import pytest
 from test_project_schedules import pipeline_methods
 
 from harness.project.pipemodel import FREE, StageCosts, required_step_schedule, schedule_tasks
-from harness.project.simulate import RECEIVES, SENDS, simulate
+from harness.project.simulate import simulate
+from harness.schedule.ir import RECEIVES, SENDS, Action, Op, message_of
 from harness.trace import StepSchedule
-from methods.pipeline.core.actions import Action, Op
-from methods.pipeline.core.interleaver import Interleaver, message_of
+from methods.pipeline.core.interleaver import Interleaver
 from methods.pipeline.core.placement import Placement
 
 STEPS = 3
@@ -46,7 +46,7 @@ def _primed(placement: Placement, actions: list[list[Action]]) -> Interleaver:
             if a.op in (Op.RECV_ACT, Op.RECV_GRAD) and message_of(a) not in sent:
                 kind, stage, iteration, mb = message_of(a)
                 send = Action(Op.SEND_ACT if kind == "act" else Op.SEND_GRAD, stage, mb, iteration)
-                interleaver._commit(placement.owner(stage, mb), send)
+                interleaver.commit(placement.owner(stage, mb), send)
     return interleaver
 
 
@@ -99,8 +99,8 @@ def test_simulator_and_interleaver_run_every_schedule_alike(method: str, stages:
         if a.op is Op.SYNC_GRADS:
             syncs.setdefault((t.stage, t.mb, t.iteration, t.step), set()).add((s.start, s.end))
             continue
-        assert replay._ready(r, a), f"rank {r} ran {a} at {s.start:g}..{s.end:g} before the Interleaver could"
-        replay._commit(r, a)
+        assert replay.ready(r, a), f"rank {r} ran {a} at {s.start:g}..{s.end:g} before the Interleaver could"
+        replay.commit(r, a)
     assert all(len(times) == 1 for times in syncs.values())  # every replica of a sync starts and ends together
     assert replay.in_flight == interleaver.in_flight  # what the window leaves for the next one
 
@@ -108,6 +108,6 @@ def test_simulator_and_interleaver_run_every_schedule_alike(method: str, stages:
 def test_the_replay_catches_a_receive_before_its_send():
     """The check above can fail: a timeline whose receive ran before the matching send is refused."""
     replay = Interleaver(Placement.one_per_rank(2))
-    assert not replay._ready(1, Action(Op.RECV_ACT, 1, 0))
-    replay._commit(0, Action(Op.SEND_ACT, 0, 0))
-    assert replay._ready(1, Action(Op.RECV_ACT, 1, 0))
+    assert not replay.ready(1, Action(Op.RECV_ACT, 1, 0))
+    replay.commit(0, Action(Op.SEND_ACT, 0, 0))
+    assert replay.ready(1, Action(Op.RECV_ACT, 1, 0))

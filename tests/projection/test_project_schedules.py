@@ -8,8 +8,7 @@ import pytest
 from _dist import context
 from harness.project.links import link_of
 from harness.project.pipemodel import FREE, StageCosts, pipeline_tasks
-from harness.trace import message_key
-from methods.pipeline.core.interleaver import message_of
+from harness.schedule.ir import message_key, message_of
 
 COSTS = StageCosts(1.0, 2.0, 0.5, 0.1, 10.0)
 STEPS = 3
@@ -108,7 +107,7 @@ def test_a_method_without_a_step_schedule_is_not_projected(name):
 
 
 def test_the_simulator_keys_messages_as_the_executors_do():
-    from methods.pipeline.core.actions import Action, Op
+    from harness.schedule.ir import Action, Op
 
     for op in (Op.SEND_ACT, Op.RECV_ACT, Op.SEND_GRAD, Op.RECV_GRAD):
         action = Action(op, 2, 5, 1)

@@ -9,7 +9,7 @@ from torch.func import functional_call
 
 from _dist import context, spawn, train_steps
 from harness.data.tensors import Batch, DataOrder
-from methods.pipeline.core.actions import compute_order
+from harness.schedule.ir import compute_order
 from methods.pipeline.core.interleaver import validate
 from methods.pipeline.core.placement import Placement
 from methods.pipeline.qfb.schedule import qfb_drain, qfb_tick

@@ -12,7 +12,7 @@ from torch.func import functional_call
 
 from _dist import context, spawn
 from harness.data.tensors import Batch, DataOrder
-from methods.pipeline.core.actions import Op, compute_order
+from harness.schedule.ir import Op, compute_order
 from methods.pipeline.core.interleaver import validate
 from methods.pipeline.core.placement import Placement
 from methods.pipeline.core.views import split_sizes

@@ -14,6 +14,7 @@ from torch import nn
 from harness.data.tensors import Batch
 from harness.memory import DoesNotFit
 from harness.method import RunContext, StepStats
+from harness.schedule.ir import Schedule
 from harness.split import uniform_split
 from harness.trace import StepSchedule
 from methods.blocks import VIRTUAL_DEFAULT_PARTS, too_few
@@ -26,7 +27,6 @@ from methods.pipeline.apapo.plan import LayerPlan, agree
 from methods.pipeline.apapo.weights import DoubleBuffered
 from methods.pipeline.compensation.prediction import NO_VELOCITY
 from methods.pipeline.compensation.spike import SpikeCompensatedSGD
-from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.block_profile import profiles_to_dicts
 from methods.pipeline.core.interleaver import Interleaver

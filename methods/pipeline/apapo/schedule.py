@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from methods.pipeline.core.actions import Action, Op, Schedule, backward_unit, forward_unit
+from harness.schedule.ir import Action, Op, Schedule, backward_unit, forward_unit
 
 
 def version_delay(stages: int, iterations_in_flight: int) -> int:

@@ -16,10 +16,10 @@ from harness.data.tensors import Batch, TensorData
 from harness.memory import Footprint, LossBlock, MemoryBytes, footprints
 from harness.method import EvalResult, Method, RunContext, StepStats
 from harness.optim import make_optimizer
+from harness.schedule.ir import Action, Schedule
 from harness.trace_export import write_chrome_trace
 from methods.blocks import SUMS_WIDTH, classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
 from methods.pipeline.core import planning
-from methods.pipeline.core.actions import Action, Schedule
 from methods.pipeline.core.codecs import Codec, make_codec
 from methods.pipeline.core.executor import Microbatches, ProcessExecutor, VirtualExecutor, Wire
 from methods.pipeline.core.memory import (

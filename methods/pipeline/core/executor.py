@@ -11,10 +11,10 @@ import torch.distributed as dist
 
 from harness.comm.communicator import Communicator
 from harness.comm.tags import pipeline_tag
+from harness.schedule.ir import RECEIVES, SENDS, Action, Message, Op, Schedule, destination_stage, message_of
 from harness.trace import TraceEvent
-from methods.pipeline.core.actions import RECEIVES, SENDS, Action, Op, Schedule
 from methods.pipeline.core.codecs import Codec, Plain
-from methods.pipeline.core.interleaver import Interleaver, Message, destination_stage, message_of, stream_of
+from methods.pipeline.core.interleaver import Interleaver, stream_of
 from methods.pipeline.core.overlap import ArrivalWatch
 from methods.pipeline.core.placement import Placement
 from methods.pipeline.core.stage import Key, Stage

@@ -1,27 +1,14 @@
-"""Running a schedule without processes: the Interleaver (messages, collectives, deadlocks) and the validator."""
+"""A schedule's order without processes: the Interleaver, the walk's handler of messages and collectives, and the
+validator."""
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from harness.trace import Message, message_key
-from methods.pipeline.core.actions import Action, Op, Schedule
+from harness.schedule.ir import RECEIVES, Action, Message, Op, Schedule, destination_stage, message_of
+from harness.schedule.walk import Handler, walk
 from methods.pipeline.core.placement import Placement
-
-
-class Deadlock(RuntimeError):
-    """Raised when no worker can make progress: each waits for a message or collective that never comes."""
-
-
-def message_of(action: Action) -> Message | None:
-    """The message a send or receive handles; None for other actions."""
-    return message_key(action.op.value, action.stage, action.iteration, action.mb)  # type: ignore[arg-type]
-
-
-def destination_stage(message: Message) -> int:
-    kind, stage, _, _ = message
-    return stage + 1 if kind == "act" else stage - 1
 
 
 def stream_of(message: Message, placement: Placement) -> tuple[str, int, int, int]:
@@ -30,28 +17,29 @@ def stream_of(message: Message, placement: Placement) -> tuple[str, int, int, in
     return (kind, stage, placement.owner(stage, mb), placement.owner(destination_stage(message), mb))
 
 
-class Interleaver:
-    """Runs every worker's action list in one thread, in an order that respects messages and collectives: a worker
-    runs until its next action is a receive whose message has not been sent yet, or a SYNC_GRADS that not all of its
-    stage's replicas have reached; then the next worker gets a turn.
+class Interleaver(Handler[Action]):
+    """Runs every worker's action list in one thread, in the walk's order (a worker runs until its next action is a
+    receive whose message has not been sent yet, or a SYNC_GRADS that not all of its stage's replicas have reached;
+    then the next worker gets a turn); a sync is done for all its replicas when the last of them reaches it.
 
     Messages of one stream (same kind, stage and pair of ranks) must be received in the order they were sent, as
     one tag between two ranks delivers them; a receive that would overtake an earlier message raises ValueError.
-    `run(worker, action)` does the work. Messages in flight persist across calls to `advance`, so an asynchronous
-    schedule can be fed tick by tick. With a no-op `run`, it checks a schedule."""
+    `run(worker, action)` given to `advance` does the work. Messages in flight persist across calls to `advance`, so
+    an asynchronous schedule can be fed tick by tick. With a no-op `run`, it checks a schedule."""
 
     def __init__(self, placement: Placement):
         self.placement = placement
         self.streams: dict[tuple, deque[Message]] = {}
-        self.arrived: dict[tuple[int, int, int], set[int]] = {}  # (stage, iteration, round) -> workers at the sync
+        self.arrived: dict[tuple[int, int, int], list[int]] = {}  # (stage, iteration, round) -> workers at the sync
+        self.execute: Callable[[int, Action], None] = lambda worker, action: None
 
     @property
     def in_flight(self) -> set[Message]:
         return {m for queue in self.streams.values() for m in queue}
 
-    def _ready(self, worker: int, action: Action) -> bool:
-        """Whether `action` can run now on `worker` (a receive whose message came; a sync all replicas reached)."""
-        if action.op in (Op.RECV_ACT, Op.RECV_GRAD):
+    def ready(self, worker: int, action: Action) -> bool:
+        """Whether `action` can run now on `worker` (a receive whose message came; not a sync it already waits at)."""
+        if action.op in RECEIVES:
             message = message_of(action)
             queue = self.streams.get(stream_of(message, self.placement))
             if not queue or message not in queue:
@@ -60,15 +48,12 @@ class Interleaver:
                 raise ValueError(f"worker {worker}: {action} would overtake {queue[0]} on one stream: a receive "
                                  f"order that differs from the send order")
             return True
-        if action.op is Op.SYNC_GRADS:
-            key = (action.stage, action.iteration, action.mb)
-            self.arrived.setdefault(key, set()).add(worker)
-            return len(self.arrived[key]) == self.placement.replicas(action.stage)
-        return True
+        return action.op is not Op.SYNC_GRADS or worker not in self.arrived.get(_sync_key(action), ())
 
-    def _commit(self, worker: int, action: Action) -> None:
+    def commit(self, worker: int, action: Action) -> None:
+        """Take a received message off its stream, or put a sent one on."""
         message = message_of(action)
-        if action.op in (Op.RECV_ACT, Op.RECV_GRAD):
+        if action.op in RECEIVES:
             self.streams[stream_of(message, self.placement)].popleft()
         elif message is not None:
             if message in self.in_flight:
@@ -78,36 +63,31 @@ class Interleaver:
                 raise ValueError(f"worker {worker} runs {action}, which belongs to rank {expected}")
             self.streams.setdefault(stream_of(message, self.placement), deque()).append(message)
 
+    def run(self, worker: int, action: Action) -> Sequence[int]:
+        if action.op is Op.SYNC_GRADS:
+            members = self.arrived.setdefault(_sync_key(action), [])
+            members.append(worker)
+            if len(members) < self.placement.replicas(action.stage):
+                return ()
+            del self.arrived[_sync_key(action)]
+        else:
+            members = [worker]
+            self.commit(worker, action)
+        for member in members:
+            self.execute(member, action)
+        return members
+
     def advance(self, schedule: Schedule, run: Callable[[int, Action], None] = lambda w, a: None) -> list[
             tuple[int, Action]]:
         """Run `schedule` (one list per worker) to its end; returns the global order in which actions ran."""
         if len(schedule) != self.placement.world_size:
             raise ValueError(f"schedule has {len(schedule)} workers, the placement {self.placement.world_size}")
-        cursor = [0] * len(schedule)
-        order: list[tuple[int, Action]] = []
-        passed: set[tuple[int, tuple]] = set()
-        while any(cursor[w] < len(schedule[w]) for w in range(len(schedule))):
-            progressed = False
-            for w, actions in enumerate(schedule):
-                while cursor[w] < len(actions):
-                    action = actions[cursor[w]]
-                    if not self._ready(w, action):
-                        break
-                    self._commit(w, action)
-                    if action.op is Op.SYNC_GRADS:
-                        passed.add((w, (action.stage, action.iteration, action.mb)))
-                    run(w, action)
-                    order.append((w, action))
-                    cursor[w] += 1
-                    progressed = True
-            if not progressed:
-                waiting = ", ".join(f"worker {w} at {schedule[w][cursor[w]]}" for w in range(len(schedule))
-                                    if cursor[w] < len(schedule[w]))
-                raise Deadlock(f"no worker can progress: {waiting}")
-        for key in {key for _, key in passed}:  # every replica has passed these syncs
-            if all((w, key) in passed for w in self.arrived.get(key, ())):
-                self.arrived.pop(key, None)
-        return order
+        self.execute = run
+        return walk(schedule, self)
+
+
+def _sync_key(action: Action) -> tuple[int, int, int]:
+    return (action.stage, action.iteration, action.mb)  # type: ignore[return-value]
 
 
 def validate(schedule: Schedule, placement: Placement | None = None) -> None:

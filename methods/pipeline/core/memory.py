@@ -4,7 +4,7 @@ gradients, optimizer state and the weight versions its policy keeps for that man
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from harness.memory import (
@@ -16,34 +16,9 @@ from harness.memory import (
     weight_bytes,
 )
 from harness.method import TrainParams
+from harness.schedule.held import in_flight_peaks
 from harness.trace import StepSchedule
-from methods.pipeline.core.actions import Op, Schedule
 from methods.pipeline.core.stage import Stage
-
-#: What ends a microbatch's hold on a stage's activations: its backward, or a split backward's W (the first stage's
-#: B is its whole backward).
-_RELEASES = (Op.BACKWARD, Op.BACKWARD_WEIGHT)
-
-
-def in_flight_peaks(steps: Iterable[Schedule], lanes: bool = False) -> dict[tuple[int, int], int]:
-    """(worker, stage) -> the most microbatches the stage holds at once (forward run, backward not yet) over the
-    steps' schedules run in order, each worker's actions in its list's order. With `lanes` (forwards on a lane of
-    their own, as Q-FB runs them) a step's forwards may all run before any of its backwards: they are taken first."""
-    live: dict[tuple[int, int], set] = {}
-    peaks: dict[tuple[int, int], int] = {}
-    for schedule in steps:
-        for worker, actions in enumerate(schedule):
-            if lanes:
-                actions = sorted(actions, key=lambda a: a.op is not Op.FORWARD)  # stable: each lane keeps its order
-            for a in actions:
-                where = (worker, a.stage)
-                held = live.setdefault(where, set())
-                if a.op is Op.FORWARD:
-                    held.add(a.key)
-                    peaks[where] = max(peaks.get(where, 0), len(held))
-                elif a.op in _RELEASES or (a.op is Op.BACKWARD_INPUT and a.stage == 0):
-                    held.discard(a.key)
-    return peaks
 
 
 def stage_plan(stage: Stage, blocks: tuple[int, int], prints: list[Footprint], held: int) -> MemoryBytes:

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from harness.trace import COMPUTE_OPS, Message, parse_events
+from harness.schedule.ir import COMPUTE, RECEIVES, SENDS, Message, message_key
+from harness.trace import parse_events
 
 
 class ArrivalWatch:
@@ -67,20 +68,6 @@ class ArrivalWatch:
             thread.join(timeout=10)
 
 
-SEND_OF = {"recv_act": "send_act", "recv_grad": "send_grad"}
-
-
-def _message(op: str, stage: int, iteration: int, mb: int) -> Message:
-    """The message a send or receive event handles (as interleaver.message_of)."""
-    if op == "send_act":
-        return ("act", stage, iteration, mb)
-    if op == "recv_act":
-        return ("act", stage - 1, iteration, mb)
-    if op == "send_grad":
-        return ("grad", stage, iteration, mb)
-    return ("grad", stage + 1, iteration, mb)
-
-
 def overlap_summary(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Per stage, over the traced steps: compute_s (forwards, backwards, updates), comm_s (for each message the stage
     received: from its send's start on the sender to its arrival here, both on the host's one clock), exposed_s (the
@@ -105,13 +92,13 @@ def overlap_summary(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
             continue
         for e in parse_events(record.get("events")):
             row = stages[e.stage]
-            if e.op in COMPUTE_OPS:
+            if e.op in COMPUTE:
                 row["compute_s"] += e.duration
-            elif e.op in SEND_OF.values():
-                sends[_message(e.op, e.stage, e.iteration, e.mb)] = (e.start, e.end)
+            elif e.op in SENDS:
+                sends[message_key(e.op, e.stage, e.iteration, e.mb)] = (e.start, e.end)
                 row["send_blocked_s"] += e.duration
-            elif e.op in SEND_OF:
-                receives.append((e.stage, _message(e.op, e.stage, e.iteration, e.mb), e.start, e.end))
+            elif e.op in RECEIVES:
+                receives.append((e.stage, message_key(e.op, e.stage, e.iteration, e.mb), e.start, e.end))
     for stage, message, wait_start, wait_end in receives:
         if message not in sends:  # sent in an untraced step: not counted
             continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from methods.pipeline.core.actions import Action, Op, Schedule
+from harness.schedule.ir import Action, Op, Schedule
 
 
 @dataclass(frozen=True)

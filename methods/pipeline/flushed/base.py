@@ -13,8 +13,8 @@ from torch import nn
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
 from harness.optim import squared_grad_norm
+from harness.schedule.ir import Action, Op, Schedule
 from harness.trace import StepSchedule
-from methods.pipeline.core.actions import Action, Op, Schedule
 from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.interleaver import validate
 from methods.pipeline.core.params import PipelineParams

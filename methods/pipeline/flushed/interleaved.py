@@ -6,9 +6,9 @@ from typing import ClassVar
 
 from pydantic import Field
 
+from harness.schedule.ir import Schedule
 from harness.trace import StepSchedule
 from methods.blocks import default_parts
-from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.placement import Placement
 from methods.pipeline.flushed import schedules as schedule
 from methods.pipeline.flushed.base import FlushedParams, FlushedPipeline

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from methods.pipeline.core.actions import (
+from harness.schedule.ir import (
     Action,
     Op,
     Schedule,

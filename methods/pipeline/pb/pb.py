@@ -10,10 +10,10 @@ from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
+from harness.schedule.ir import Schedule
 from harness.trace import StepSchedule
 from methods.pipeline.compensation.prediction import NO_VELOCITY
 from methods.pipeline.compensation.spike import SpikeCompensatedSGD
-from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.executor import Microbatches, Sizes
 from methods.pipeline.core.params import PipelineParams

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from methods.pipeline.core.actions import Action, Op, backward_unit, check_shape, forward_unit
+from harness.schedule.ir import Action, Op, backward_unit, check_shape, forward_unit
 
 
 def pb_delay(stage: int, stages: int) -> int:

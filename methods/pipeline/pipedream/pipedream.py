@@ -11,8 +11,8 @@ from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
+from harness.schedule.ir import Schedule
 from harness.trace import StepSchedule
-from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import place

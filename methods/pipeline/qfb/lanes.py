@@ -12,34 +12,19 @@ from typing import Any
 import torch
 
 from harness.comm.communicator import Communicator
+from harness.schedule.ir import FORWARD_LANE_OPS, Action, Op, Schedule, split_lanes
 from harness.trace import TraceEvent
-from methods.pipeline.core.actions import Action, Op, Schedule
 from methods.pipeline.core.executor import Microbatches, ProcessExecutor, Trace, Wire
 from methods.pipeline.core.placement import Placement
 from methods.pipeline.core.stage import Key, Stage
 
+#: The lanes' indices (a trace event's `lane`); harness.schedule.ir.split_lanes says which ops run on which.
 FORWARD_LANE, BACKWARD_LANE = 0, 1
-#: The ops of the forward lane; every other op (receive and send gradients, backward, sync, update) is the backward's.
-FORWARD_OPS = (Op.RECV_ACT, Op.FORWARD, Op.SEND_ACT)
-
-
-def lane_of(action: Action) -> int:
-    """0 (the forward lane) for receiving, computing and sending activations; 1 (the backward lane) otherwise."""
-    return FORWARD_LANE if action.op in FORWARD_OPS else BACKWARD_LANE
-
-
-def split(actions: Sequence[Action]) -> tuple[list[Action], list[Action]]:
-    """One rank's action list -> (forward lane, backward lane), each in the list's order."""
-    lanes: tuple[list[Action], list[Action]] = ([], [])
-    for a in actions:
-        lanes[lane_of(a)].append(a)
-    return lanes
 
 
 def labelled(trace: Trace) -> Trace:
     """The trace with every event's `lane` set from its op (for a list run in one thread, as in the virtual mode)."""
-    backward_ops = {op.value for op in Op if op not in FORWARD_OPS}
-    return Trace([e._replace(lane=BACKWARD_LANE if e.op in backward_ops else FORWARD_LANE) for e in trace.events])
+    return Trace([e._replace(lane=FORWARD_LANE if e.op in FORWARD_LANE_OPS else BACKWARD_LANE) for e in trace.events])
 
 
 class LaneStage(Stage):
@@ -144,7 +129,7 @@ class LaneExecutor:
 
     def run(self, actions: Sequence[Action], views: Mapping[int, Microbatches]) -> Trace:
         futures = [thread.submit(lambda ex=executor, lane=lane: ex.run(lane, views))
-                   for thread, executor, lane in zip(self.threads, self.executors, split(actions), strict=True)]
+                   for thread, executor, lane in zip(self.threads, self.executors, split_lanes(actions), strict=True)]
         wait(futures, return_when=FIRST_EXCEPTION)
         for lane, future in enumerate(futures):
             if future.done() and future.exception() is not None:

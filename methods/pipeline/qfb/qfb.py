@@ -11,8 +11,8 @@ from torch import nn
 
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
+from harness.schedule.ir import FORWARD_LANE_OPS, Schedule
 from harness.trace import StepSchedule
-from methods.pipeline.core.actions import Schedule
 from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.codecs import Codec, make_codec
 from methods.pipeline.core.interleaver import validate
@@ -20,7 +20,7 @@ from methods.pipeline.core.params import CodecName, PipelineParams
 from methods.pipeline.core.placement import place
 from methods.pipeline.core.versions import Live, WeightPolicy
 from methods.pipeline.qfb.ahead import AheadVersions
-from methods.pipeline.qfb.lanes import FORWARD_OPS, LabelledLanes, LaneExecutor, LaneStage, SingleRankLanes
+from methods.pipeline.qfb.lanes import LabelledLanes, LaneExecutor, LaneStage, SingleRankLanes
 from methods.pipeline.qfb.piecewise import Piecewise
 from methods.pipeline.qfb.schedule import Sync, ahead_lead, qfb_ahead_drain, qfb_ahead_tick, qfb_drain, qfb_tick
 from methods.pipeline.qfb.two_step import TwoStep
@@ -137,13 +137,13 @@ class QFB(PipelineMethod):
     def step_schedule(cls, stages: int, microbatches: int) -> StepSchedule:
         """Window 1 at the default sync ('exact': the window's forwards and backwards in 1F1B order, then the update),
         one list per rank; window 1+k is it with every iteration id plus k (microbatches are numbered per window).
-        At the default two lanes, the forward lane's ops (FORWARD_OPS) run on one thread and the rest on another,
+        At the default two lanes, the forward lane's ops (FORWARD_LANE_OPS) run on one thread and the rest on another,
         at once, as LaneExecutor runs them (the projection's simulator runs the two lanes concurrently)."""
         sync = cls.Params.model_fields["sync"].default
         lanes = cls.Params.model_fields["lanes"].default
         return StepSchedule([qfb_tick(s, stages, microbatches, 1, sync) for s in range(stages)], shift=0,
                             iteration_shift=1,
-                            forward_lane=tuple(op.value for op in FORWARD_OPS) if lanes == 2 else ())
+                            forward_lane=tuple(op.value for op in FORWARD_LANE_OPS) if lanes == 2 else ())
 
     def schedule_at(self, step: int) -> Schedule:
         return self.rank_schedule(step)

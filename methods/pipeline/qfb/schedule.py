@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from methods.pipeline.core.actions import Action, Op, backward_unit, forward_unit
+from harness.schedule.ir import Action, Op, backward_unit, forward_unit
 
 Sync = Literal["exact", "bounded", "ahead"]
 
