@@ -15,6 +15,7 @@ from harness.budget import Budget
 from harness.comm.communicator import Communicator
 from harness.comm.states import gather_states
 from harness.data.tensors import Batch, DataOrder, TensorData
+from harness.memory.peak import AllocatorPeak
 from harness.method import EvalResult, Method
 from harness.run import checkpoint, checkpoint_files
 from harness.run.clock import TrainClock
@@ -83,14 +84,16 @@ class Loop:
     when that is set, and when a stop is requested (checkpoint.STOP: a preemption or time-limit signal on any
     rank, agreed in the control round so that every rank stops after the same step). `restore` resumes from one.
 
-    `heartbeat` (harness/run/heartbeat.py) is told where each training step begins and ends, for a hang watch.
+    `heartbeat` (harness/run/heartbeat.py) is told where each training step begins and ends, for a hang watch;
+    `allocator` (harness/memory/peak.py) too, to measure the allocator's peak over its window of steps.
     """
 
     def __init__(self, spec: RunSpec, method: Method, train: TensorData, test: TensorData, comm: Communicator,
                  writer: MetricsWriter, clock: TrainClock, run_dir: Path | None = None,
-                 heartbeat: Heartbeat | None = None):
+                 heartbeat: Heartbeat | None = None, allocator: AllocatorPeak | None = None):
         self.spec, self.method, self.train, self.test = spec, method, train, test
         self.heartbeat = heartbeat or Heartbeat()
+        self.allocator = allocator
         self.comm, self.writer, self.clock = comm, writer, clock
         self.run_dir = run_dir
         self.spec_json = spec.model_dump_json()
@@ -184,7 +187,11 @@ class Loop:
                       self.spec.seed)
         if not self.schedule.is_constant:
             self.set_lr(self.step)
+        if self.allocator is not None:  # around the method's own work only: the data order is the runner's
+            self.allocator.begin_step()
         stats = self.method.train_step(batch)
+        if self.allocator is not None:
+            self.allocator.end_step()
         self.step += 1
         finite = stats.loss is None or math.isfinite(stats.loss)
         if self._diverged_at is None and not finite:

@@ -1,5 +1,5 @@
 """The runner's memory gate: every rank's planned bytes gathered before the first step, the refusal under
-`memory_per_rank`, and the plan beside the measured held bytes at the end of the run."""
+`memory_per_rank`, and the plan beside the measured held bytes and the allocator's peak at the end of the run."""
 
 from __future__ import annotations
 
@@ -25,6 +25,16 @@ def gather(mine: dict[int, MemoryBytes] | None, comm: Communicator, device: torc
     if any(int(r[0]) == 0 for r in rows):
         return None
     return {rank: MemoryBytes.from_tensor(r[1:]) for rank, r in enumerate(rows)}
+
+
+def gather_peaks(mine: int | None, comm: Communicator, device: torch.device) -> dict[int, int] | None:
+    """Every rank's allocator peak (harness/memory/peak.py); None when some rank has none. Collective when the
+    world is larger than one (category `control`)."""
+    if comm.world_size == 1:
+        return None if mine is None else {comm.rank: mine}
+    row = torch.tensor([-1 if mine is None else mine], dtype=torch.int64)
+    values = [int(r.cpu()[0]) for r in comm.all_gather(row.to(device), "control")]
+    return None if min(values) < 0 else dict(enumerate(values))
 
 
 def peak(per_rank: dict[int, MemoryBytes] | None) -> int | None:

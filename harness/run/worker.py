@@ -169,6 +169,7 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     from harness import registry
     from harness.comm.communicator import Communicator
     from harness.memory import DoesNotFit, refusal
+    from harness.memory.peak import AllocatorPeak
     from harness.method import RunContext
     from harness.run import allocator, manifest, memory_gate
     from harness.run.clock import TrainClock
@@ -221,9 +222,12 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     ctx = RunContext(rank=rank, world_size=spec.world_size, device=device, workload=instance, params=params,
                      comm=comm, seed=spec.seed, run_dir=run_dir, log=writer.write, memory_per_rank=spec.memory_per_rank)
     torch.manual_seed(spec.seed)
+    meter = AllocatorPeak(device)  # from here: the data set is not in it, everything the method makes is
+    meter.start()
     try:
         method = method_cls(ctx)
     except DoesNotFit as exc:  # a planner found nothing that fits memory_per_rank
+        meter.stop()
         return _refuse(run_dir, rank, comm, writer, str(exc), None, spec.memory_per_rank)
     planned = memory_gate.gather(method.memory_plan(), comm, device)  # before the per-rank RNG: a plan may profile
     torch.manual_seed(spec.seed + 1 + rank)  # per-rank stream for stochastic methods (compression, dropout)
@@ -234,20 +238,26 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
         problem = (f"does not fit: method {spec.method!r} plans no memory, so memory_per_rank cannot be checked"
                    if planned is None else refusal(planned, spec.memory_per_rank))
         if problem:
+            meter.stop()
             method.finish()
             return _refuse(run_dir, rank, comm, writer, problem, planned, spec.memory_per_rank)
+    meter.pause()
     startup.mark("method")
 
-    loop = Loop(spec, method, instance.train, instance.test, comm, writer, clock, run_dir, heartbeat)
+    loop = Loop(spec, method, instance.train, instance.test, comm, writer, clock, run_dir, heartbeat, meter)
     if spec.checkpoint_every_steps and not loop.checkpointable and rank == 0:
         print(f"dtbench: method {spec.method!r} does not support checkpoints: checkpoint_every_steps is ignored "
               "and a preempted run starts over", flush=True)
     if saved:
         loop.restore(saved)
     outcome = loop.run()
+    meter.stop()  # a run shorter than the window ends it here
     held = memory_gate.gather(method.memory_held(), comm, device)
+    peaks = memory_gate.gather_peaks(meter.peak, comm, device)
     if rank == 0:
         writer.write("memory", when="held", memory_per_rank=spec.memory_per_rank, per_rank=memory_gate.record(held))
+        writer.write("memory", when="allocator", steps=meter.measured, first_step=meter.first,
+                     per_rank={str(r): b for r, b in sorted(peaks.items())} if peaks else None)
     method.finish()
     writer.write("comm", bytes_by_category=comm.ledger.by_category(), seconds_by_category=dict(comm.ledger.seconds),
                  calls_by_category=dict(comm.ledger.calls))
@@ -257,7 +267,9 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
         final = {"steps": outcome.steps, "epoch": outcome.epoch, "samples": outcome.samples,
                  "train_time_s": clock.train(), "wall_time_s": clock.wall(),
                  "rank0_bytes_sent": sent, "rank0_bytes_recv": recv, "planned_memory_bytes": memory_gate.peak(planned),
-                 "held_memory_bytes": memory_gate.peak(held), "memory_per_rank": spec.memory_per_rank}
+                 "held_memory_bytes": memory_gate.peak(held),
+                 "allocator_peak_bytes": max(peaks.values()) if peaks else None,
+                 "memory_per_rank": spec.memory_per_rank}
         if outcome.last_eval:
             final.update({k: outcome.last_eval[k] for k in ("test_accuracy", "test_loss") if k in outcome.last_eval})
         extra = {"slurm_job_id": manifest.slurm_job_id()} if launcher == "slurm" else {}
