@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from harness.comm.communicator import Communicator
+from harness.memory.peak import thread as allocator_thread
 from harness.schedule.ir import FORWARD_LANE_OPS, Action, Op, Schedule, split_lanes
 from harness.trace import TraceEvent
 from methods.pipeline.core.executor import Microbatches, ProcessExecutor, Trace, Wire
@@ -101,7 +102,9 @@ class LaneThread:
             fn, future = job
             if future.set_running_or_notify_cancel():
                 try:
-                    future.set_result(fn())
+                    with allocator_thread():  # its allocations join the rank's allocator peak while it is measured
+                        result = fn()
+                    future.set_result(result)
                 except BaseException as error:  # noqa: BLE001 - handed to the caller through the future
                     future.set_exception(error)
 
