@@ -93,31 +93,39 @@ def plot_peak_memory(memory: pd.DataFrame, interval: str = stats.CI_WORDS) -> Fi
 
 def memory_html(table: pd.DataFrame) -> str:
     """summary -> the 'Emulated device memory' section: per workload and label, the memory_per_rank, the largest
-    rank's planned and measured held bytes (means over seeds; a plan does not depend on the seed) and what became
-    of the runs: 'fits', or 'does not fit (needs X > Y)'. Empty when no run recorded a plan."""
+    rank's plan, the allocator's peak over the measured steps and their ratio (the plan's error against the ground
+    truth), the held bytes by kind as the breakdown (means over seeds; a plan does not depend on the seed), and what
+    became of the runs: 'fits', or 'does not fit (needs X > Y)'. Empty when no run recorded a plan."""
     rows = table[numeric(table, "planned_memory_bytes").notna()]
     if rows.empty:
         return ""
     e = html.escape
+
+    def mean_bytes(values: pd.Series) -> str:
+        return format_bytes(float(values.mean())) if values.notna().any() else "–"
+
     body = []
     for (workload, label), group in rows.groupby(["workload", "label"], sort=False):
         planned = float(numeric(group, "planned_memory_bytes").mean())
         held = numeric(group, "held_memory_bytes")
+        peak = numeric(group, "allocator_peak_bytes") if "allocator_peak_bytes" in group else pd.Series(math.nan)
         budget = float(numeric(group, "memory_per_rank").max())
         refused = group[group["state"] == "does_not_fit"]
         verdict = (state_text("does_not_fit", planned, budget) if len(refused) == len(group) else
                    f"{len(group) - len(refused)} of {len(group)} fit" if len(refused) else
                    "fits" if math.isfinite(budget) else "no budget")
-        ratio = planned / float(held.mean()) if held.notna().any() and held.mean() > 0 else math.nan
+        ratio = planned / float(peak.mean()) if peak.notna().any() and peak.mean() > 0 else math.nan
         body.append(f"<tr><td>{e(str(workload))}</td><td>{e(str(label))}</td>"
                     f"<td>{format_bytes(budget) if math.isfinite(budget) else '–'}</td>"
-                    f"<td>{format_bytes(planned)}</td>"
-                    f"<td>{format_bytes(float(held.mean())) if held.notna().any() else '–'}</td>"
-                    f"<td>{f'{ratio:.3f}' if math.isfinite(ratio) else '–'}</td><td>{e(verdict)}</td></tr>")
+                    f"<td>{format_bytes(planned)}</td><td>{mean_bytes(peak)}</td>"
+                    f"<td>{f'{ratio:.3f}' if math.isfinite(ratio) else '–'}</td><td>{mean_bytes(held)}</td>"
+                    f"<td>{e(verdict)}</td></tr>")
     return ("<h2>Emulated device memory</h2>\n<p>Each method plans, before its first step, the bytes every rank will "
             "hold: weights, gradients, optimizer state, the weight versions it keeps, the activations its schedule "
-            "holds at its peak, and communication and compression buffers (docs/memory.md). A run whose largest "
-            "rank's plan exceeds its memory_per_rank stops before training. <i>Held</i> is the same kinds measured "
-            "while training (each at its peak), on the largest rank.</p>\n<table>\n<tr><th>workload</th>"
-            "<th>label</th><th>memory_per_rank</th><th>planned</th><th>held (measured)</th><th>planned / held</th>"
-            "<th>runs</th></tr>\n" + "\n".join(body) + "\n</table>")
+            "holds at its peak, its temporaries, and communication and compression buffers (docs/memory.md). A run "
+            "whose largest rank's plan exceeds its memory_per_rank stops before training. <i>Allocator peak</i> is "
+            "the ground truth the plan is judged against: the most bytes the allocator had handed out to the method "
+            "over steps 2-4, on the largest rank. <i>Held</i> is the plan's kinds measured while training (each at "
+            "its peak), the breakdown.</p>\n<table>\n<tr><th>workload</th><th>label</th><th>memory_per_rank</th>"
+            "<th>planned</th><th>allocator peak</th><th>planned / peak</th><th>held (by kind)</th><th>runs</th>"
+            "</tr>\n" + "\n".join(body) + "\n</table>")

@@ -24,7 +24,7 @@ EXTRA_COLUMNS = ("label", "family", "steps", "epochs", "network", "samples_per_s
 #: Further columns (after EXTRA_COLUMNS): steady-state communication and measurement hygiene (report/hygiene.py).
 MORE_COLUMNS = ("last_epoch_bytes_per_sample", "cpu_share", "other_load", "noisy", "peak_rss_bytes", "final_loss",
                 "perplexity", "bytes_per_token", "tokens_per_s", "memory_per_rank", "planned_memory_bytes",
-                "held_memory_bytes")
+                "held_memory_bytes", "allocator_peak_bytes")
 CURVE_COLUMNS = ("label", "seed", "run_id", "x", "test_accuracy")
 #: Summary columns that the per-label aggregate averages over seeds, with their display names.
 AGGREGATED = {
@@ -130,12 +130,14 @@ def perplexity(loss: float) -> float:
 
 def memory_columns(run: RunResult) -> dict[str, float]:
     """memory_per_rank (the run's emulated device memory), planned_memory_bytes and held_memory_bytes (the largest
-    rank's planned and measured bytes), from status.json's final; NaN where a run has none."""
+    rank's planned and measured bytes) and allocator_peak_bytes (the largest rank's allocator peak over its
+    measured steps, harness/memory/peak.py), from status.json's final; NaN where a run has none."""
     final = (run.status or {}).get("final") or {}
     budget = (run.spec or {}).get("memory_per_rank")
     out = {}
     for key, value in (("memory_per_rank", budget), ("planned_memory_bytes", final.get("planned_memory_bytes")),
-                       ("held_memory_bytes", final.get("held_memory_bytes"))):
+                       ("held_memory_bytes", final.get("held_memory_bytes")),
+                       ("allocator_peak_bytes", final.get("allocator_peak_bytes"))):
         out[key] = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
     return out
 
@@ -252,7 +254,9 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
     - tokens_per_s: samples_per_s x workload_options.context (a language model's throughput in tokens).
     - memory_per_rank: the run's emulated device memory (bytes; NaN without one); planned_memory_bytes and
       held_memory_bytes: its largest rank's planned bytes (before the first step) and measured held bytes
-      (harness/memory/kinds.py's kinds, each at its peak). A run refused by memory_per_rank has state does_not_fit.
+      (harness/memory/kinds.py's kinds, each at its peak); allocator_peak_bytes: its largest rank's allocator peak
+      over steps 2-4 (harness/memory/peak.py: the ground truth the plan is judged against). A run refused by
+      memory_per_rank has state does_not_fit.
     A run without metrics still gets a row (NaN metrics, 0 bytes).
     """
     rows = [run_summary(run) for run in runs]
