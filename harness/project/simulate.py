@@ -4,6 +4,7 @@ links, gradient syncs between replicas, and a rank's lanes (threads) at once. Pu
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -101,11 +102,7 @@ class Timing(Handler[Task]):
                          if t.op in RECEIVES}
         self.forwards = {(r, t.stage, t.iteration, t.mb) for r, tasks in enumerate(ranks) for t in tasks
                          if t.op == Op.FORWARD}
-        self.syncs: dict[tuple, int] = {}
-        for tasks in ranks:
-            for t in tasks:
-                if t.op == Op.SYNC_GRADS:
-                    self.syncs[sync_key(t)] = self.syncs.get(sync_key(t), 0) + 1
+        self.syncs = Counter(sync_key(t) for tasks in ranks for t in tasks if t.op == Op.SYNC_GRADS)
         self.clock = [0.0] * len(self.lanes)
         self.position = [0] * len(self.lanes)
         self.spans: list[list[Span | None]] = [[None] * len(tasks) for tasks in ranks]

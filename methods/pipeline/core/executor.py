@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -138,7 +139,7 @@ class ProcessExecutor:
         message = message_of(a)
         kind, src_stage, _, mb = message
         size = views[a.stage].sizes[a.key]
-        buf = torch.empty(self.wire.codec(kind).nbytes(size * _numel(self.wire.shape(message, 1))), dtype=torch.uint8)
+        buf = torch.empty(self.wire.codec(kind).nbytes(math.prod(self.wire.shape(message, size))), dtype=torch.uint8)
         work = self.comm.irecv(buf, self.placement.owner(src_stage, mb), CATEGORY[kind],
                                pipeline_tag(kind, min(src_stage, destination_stage(message))))
         if self.overlap and self.watch is not None:
@@ -228,7 +229,6 @@ class VirtualExecutor:
         self.interleaver = Interleaver(placement)
         self._mail: dict[Message, torch.Tensor] = {}
         self._boxes = {worker: ({}, {}) for worker in self.stages}  # per (rank, stage): (inbox, outbox)
-        self._sync_passes: dict[tuple[int, int, int], int] = {}  # replicas past each sync so far
 
     def run(self, schedule: Schedule, views: Mapping[int, Microbatches]) -> list[Trace]:
         traces = [Trace() for _ in range(self.placement.world_size)]
@@ -249,7 +249,7 @@ class VirtualExecutor:
                 payload = self.wire.codec(kind).encode(outbox.pop((kind, a.key)), stream_of(message, self.placement))
                 self._mail[message] = payload.clone()
             elif a.op is Op.SYNC_GRADS:
-                self._sync(a)
+                self._sync(rank, a)
             else:
                 version = run_compute(self.stages[(rank, a.stage)], a, views[a.stage], inbox, outbox)
             traces[rank].add(a, start, clock(), version)
@@ -257,26 +257,14 @@ class VirtualExecutor:
         self.interleaver.advance(schedule, execute)
         return traces
 
-    def _sync(self, action: Action) -> None:
-        """The first replica to pass a sync sums every replica's gradients (all reached it) and gives each the
-        result; the others pass."""
-        key = (action.stage, action.iteration, action.mb)
-        passes = self._sync_passes.get(key, 0)
+    def _sync(self, rank: int, action: Action) -> None:
+        """The walk runs a sync on every replica once the last one reached it: the first replica sums every replica's
+        gradients and gives each the result; the others pass."""
         group = self.placement.ranks_of(action.stage)
-        if passes == 0:
+        if rank == group[0]:
             replicas = [self.stages[(r, action.stage)] for r in group]
             total = torch.stack([torch.cat([stage.flat_gradients(),
                                             torch.tensor([float(stage.backwards_since_update)])])
                                  for stage in replicas]).sum(dim=0)
             for stage in replicas:
                 stage.set_gradients(synced(total, self.sync_mean))
-        self._sync_passes[key] = passes + 1
-        if passes + 1 == len(group):
-            del self._sync_passes[key]
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

@@ -51,16 +51,17 @@ class Interleaver(Handler[Action]):
         return action.op is not Op.SYNC_GRADS or worker not in self.arrived.get(_sync_key(action), ())
 
     def commit(self, worker: int, action: Action) -> None:
-        """Take a received message off its stream, or put a sent one on."""
+        """Check that `worker` owns the action's microbatch; take a received message off its stream, or put a sent
+        one on."""
+        if action.mb is not None and self.placement.owner(action.stage, action.mb) != worker:
+            raise ValueError(f"worker {worker} runs {action}, which belongs to rank "
+                             f"{self.placement.owner(action.stage, action.mb)}")
         message = message_of(action)
         if action.op in RECEIVES:
             self.streams[stream_of(message, self.placement)].popleft()
         elif message is not None:
             if message in self.in_flight:
                 raise ValueError(f"worker {worker} sends {action} twice")
-            expected = self.placement.owner(action.stage, action.mb)
-            if expected != worker:
-                raise ValueError(f"worker {worker} runs {action}, which belongs to rank {expected}")
             self.streams.setdefault(stream_of(message, self.placement), deque()).append(message)
 
     def run(self, worker: int, action: Action) -> Sequence[int]:
@@ -90,29 +91,24 @@ def _sync_key(action: Action) -> tuple[int, int, int]:
     return (action.stage, action.iteration, action.mb)  # type: ignore[return-value]
 
 
+#: A compute op's kind and the kind that must have run before it, once, for the same microbatch on the same worker.
+_AFTER = {Op.FORWARD: ("forward", None), Op.BACKWARD: ("backward", "forward"),
+          Op.BACKWARD_INPUT: ("backward", "forward"), Op.BACKWARD_WEIGHT: ("weight backward", "backward")}
+
+
 def validate(schedule: Schedule, placement: Placement | None = None) -> None:
-    """Raise if `schedule` deadlocks, leaves a message unreceived, receives a stream out of order, runs an action on a
-    rank that does not own it, runs a backward of a microbatch before its forward (or either twice)."""
+    """Raise if `schedule` runs a backward of a microbatch before its forward (or either twice), deadlocks, leaves a
+    message unreceived, receives a stream out of order, or runs an action on a rank that does not own it."""
     placement = placement or Placement.one_per_rank(len(schedule))
     for w, actions in enumerate(schedule):
-        forwards, backwards, weights = set(), set(), set()
-        for a in actions:
+        done: set[tuple] = set()
+        for a in (a for a in actions if a.op in _AFTER):
+            kind, after = _AFTER[a.op]
             ident = (a.stage, a.iteration, a.mb)
-            if a.op is Op.FORWARD:
-                if ident in forwards:
-                    raise ValueError(f"worker {w} runs the forward of {a} twice")
-                forwards.add(ident)
-            elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
-                if ident not in forwards or ident in backwards:
-                    raise ValueError(f"worker {w} runs the backward of {a} before its forward, or twice")
-                backwards.add(ident)
-            elif a.op is Op.BACKWARD_WEIGHT:
-                if ident not in backwards or ident in weights:
-                    raise ValueError(f"worker {w} runs the weight backward of {a} before its input backward, or twice")
-                weights.add(ident)
-            if a.op in (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT) and \
-                    placement.owner(a.stage, a.mb) != w:
-                raise ValueError(f"worker {w} runs {a}, which belongs to rank {placement.owner(a.stage, a.mb)}")
+            if (kind, ident) in done or (after is not None and (after, ident) not in done):
+                raise ValueError(f"worker {w} runs the {kind} of {a} twice" + (f", or before its {after}" if after
+                                                                                else ""))
+            done.add((kind, ident))
     sim = Interleaver(placement)
     sim.advance(schedule)
     if sim.in_flight:

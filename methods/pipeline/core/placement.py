@@ -54,10 +54,6 @@ class Placement:
     def replicas(self, stage: int) -> int:
         return len(self.stage_ranks[stage])
 
-    @property
-    def is_replicated(self) -> bool:
-        return any(len(group) > 1 for group in self.stage_ranks)
-
     def owner(self, stage: int, mb: int) -> int:
         """The rank that runs microbatch (or minibatch) `mb` at `stage`."""
         group = self.stage_ranks[stage]
