@@ -7,16 +7,15 @@ from typing import Any
 
 from pydantic_core import PydanticUndefined
 
-from harness import registry
 from harness.suite.spec import RunSpec, compact
 
 
 def changed_params(spec: RunSpec) -> dict[str, Any]:
     """The run's resolved hyperparameters that differ from its method's own defaults (those the workload, the
     suite's [defaults] or the run's params set), in the method's field order; a field without a default always."""
-    fields = registry.METHODS.get(spec.method).Params.model_fields
+    fields = type(spec.params).model_fields
     out = {}
-    for name, value in spec.params.items():
+    for name, value in spec.params.model_dump().items():
         info = fields.get(name)
         default = info.get_default(call_default_factory=True) if info is not None else PydanticUndefined
         if default is PydanticUndefined or value != default:

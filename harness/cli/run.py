@@ -192,7 +192,7 @@ def rerun_one(args: argparse.Namespace, argv: list[str]) -> int:
         spec = check_spec(spec, path)
     except (OSError, UnicodeDecodeError) as exc:
         return fail(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}")
-    except ValidationError as exc:
+    except ValidationError as exc:  # its params are read as its method's here, once: the ranks get them typed
         e = exc.errors()[0]
         return fail(f"{path}: {field_path(e['loc'])}: {e['msg']}")
     except FileError as exc:

@@ -41,7 +41,7 @@ class LaunchResult:
     seconds: float
 
 
-def _entry(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, argv: list[str], resume: bool,
+def _entry(spec: RunSpec, rank: int, rdzv: Rendezvous, run_dir: str, argv: list[str], resume: bool,
            netns: str | None = None, network_info: dict | None = None, launched_at: float | None = None,
            slots: SharedSlots | None = None, beat_s: float = 1.0, tie: Tie | None = None) -> None:
     if netns is not None:  # first thing: no socket or thread may exist before the rank is in its namespace
@@ -61,7 +61,7 @@ def _entry(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, argv: list
     # and `dtbench run --resume` goes on from there.
     STOP.install(stop_on=(signal.SIGUSR2,))
     warm.release_stop_signals()  # one that came while the rank was starting is handled now
-    code = run_rank(spec_json, rank, rdzv, run_dir, "local", True, argv, resume=resume, network=network_info,
+    code = run_rank(spec, rank, rdzv, run_dir, "local", True, argv, resume=resume, network=network_info,
                     launched_at=launched_at, heartbeat=heartbeat)
     # Leave without the interpreter's teardown: every file is written and closed and the process group destroyed,
     # and a C++ thread torn down late at exit has aborted a finished rank ("terminate called without an active
@@ -130,13 +130,13 @@ def _launch(spec: RunSpec, run_dir: Path, progress: Callable[[MetricsTail], None
     store = hosted_store(host, spec.world_size)
     rdzv = Rendezvous(host, store.port, store_is_external=True)
     ctx = warm.context()
-    spec_json = spec.model_dump_json()
     argv = list(argv if argv is not None else sys.argv)
     info = topology.describe() if topology is not None else None
     launched_at = time.time()
     slots = SharedSlots(ctx, spec.world_size)
     tether = Tether(ctx, warm.server_pid(), lock_fd)
-    procs = [warm.process(ctx, _entry, (spec_json, r, rdzv, str(run_dir), argv, resume,
+    # The spec itself goes to each rank (pickled, so not validated again): its params stay the method's Params.
+    procs = [warm.process(ctx, _entry, (spec, r, rdzv, str(run_dir), argv, resume,
                                         topology and topology.ranks[r], info, launched_at, slots,
                                         beat_interval(spec.hang_timeout_s), tether.tie()), f"rank{r}")
              for r in range(spec.world_size)]

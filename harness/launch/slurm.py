@@ -140,7 +140,7 @@ class SlurmRun:
     and its job killed by the ranks' own hang watch (harness/launch/slurm_watch.py).
     """
 
-    spec_json: str
+    spec: RunSpec  # pickled into the job as it is: the ranks get its typed params without validating them again
     run_dir: str
     argv: list[str]
     commands: dict[str, str] = field(default_factory=dict)
@@ -171,13 +171,13 @@ class SlurmRun:
         elif dial == LOOPBACK:
             os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
         rdzv = Rendezvous(dial, dist_env.master_port, store_is_external=False, listen_addr=listen)
-        timeout_s = RunSpec.model_validate_json(self.spec_json).hang_timeout_s
+        timeout_s = self.spec.hang_timeout_s
         scancel = self.commands.get("scancel", "scancel")
         watch = StoreWatch(dist_env.rank, dist_env.world_size, rdzv.master_addr, rdzv.master_port, timeout_s,
                            lambda error: _end_hung_job(run_dir, job.job_id, restarts, scancel, error),
                            connect_timeout_s=rdzv.timeout_s)
         heartbeat = Heartbeat(watch.publish, beat_interval(timeout_s)).start()
-        code = run_rank(self.spec_json, dist_env.rank, rdzv, self.run_dir, "slurm", True, self.argv, resume=True,
+        code = run_rank(self.spec, dist_env.rank, rdzv, self.run_dir, "slurm", True, self.argv, resume=True,
                         heartbeat=heartbeat)
         heartbeat.stop()
         watch.ended(failed=code != 0)
@@ -280,7 +280,7 @@ def submit(runs: list[tuple[RunSpec, Path]], suite_dir: Path, site: Site, argv: 
         executor = SiteExecutor(folder, site.commands, python=site.python)
         executor.update_parameters(**executor_parameters(group[0][0], site))
         with executor.batch():
-            jobs = [executor.submit(SlurmRun(spec.model_dump_json(), str(run_dir.resolve()), argv,
+            jobs = [executor.submit(SlurmRun(spec, str(run_dir.resolve()), argv,
                                              site.commands.model_dump(), site.max_requeues, site.interface))
                     for spec, run_dir in group]
         for (spec, run_dir), job in zip(group, jobs, strict=True):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from harness.run.heartbeat import Heartbeat
+    from harness.suite.spec import RunSpec
 
 ERROR_FILE = "error-rank{rank}.json"
 
@@ -76,12 +77,13 @@ class StartupClock:
         self._last = now
 
 
-def run_rank(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, launcher: str = "local",
+def run_rank(spec: RunSpec, rank: int, rdzv: Rendezvous, run_dir: str, launcher: str = "local",
              redirect: bool = True, argv: list[str] | None = None, resume: bool = False,
              network: dict | None = None, launched_at: float | None = None,
              heartbeat: Heartbeat | None = None) -> int:
     """Run one rank of a run to the end. Returns the process exit code (0: the run ended, completed, diverged or
-    preempted; status.json says which).
+    preempted; status.json says which). `spec` is the run as the launcher has it, its params the method's Params
+    as they were validated before the run (RunSpec): the rank does not validate them again.
 
     With `resume`, the newest valid checkpoint in `run_dir` (checkpoint.pt, else checkpoint.prev.pt; see
     _load_checkpoint) is continued from (metrics.jsonl is cut back to it first); without one the run starts at step
@@ -96,7 +98,7 @@ def run_rank(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: str, launcher
     if redirect:
         _redirect_output(run_path, rank)
     try:
-        return _run(spec_json, rank, rdzv, run_path, launcher, argv, resume, network, startup, heartbeat)
+        return _run(spec, rank, rdzv, run_path, launcher, argv, resume, network, startup, heartbeat)
     except BaseException as exc:  # noqa: BLE001 - everything a rank dies of is reported
         traceback.print_exc()
         message = f"{type(exc).__name__}: {exc}".splitlines()[0][:2000]
@@ -159,7 +161,7 @@ def _refuse(run_dir: Path, rank: int, comm, writer, message: str, planned, budge
     return 0
 
 
-def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: str, argv: list[str] | None,
+def _run(spec: RunSpec, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: str, argv: list[str] | None,
          resume: bool = False, network: dict | None = None, startup: StartupClock | None = None,
          heartbeat: Heartbeat | None = None) -> int:
     import numpy as np
@@ -175,9 +177,8 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
     from harness.run.clock import TrainClock
     from harness.run.loop import Loop
     from harness.run.records import MetricsWriter, write_json, write_status
-    from harness.suite.spec import RunSpec, rank_threads
+    from harness.suite.spec import rank_threads
 
-    spec = RunSpec.model_validate_json(spec_json)
     malloc = allocator.configure(spec.allocator)  # before the model and data allocate anything big
     if spec.cpus_per_rank is not None:  # a heterogeneous set-up: this rank confined to its CPUs
         os.sched_setaffinity(0, spec.cpus_per_rank[rank])
@@ -218,8 +219,7 @@ def _run(spec_json: str, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: s
         write_json(run_dir / "manifest.json", info)
     startup.mark("workload")
     method_cls = registry.METHODS.get(spec.method)
-    params = method_cls.Params.from_spec(spec.params)
-    ctx = RunContext(rank=rank, world_size=spec.world_size, device=device, workload=instance, params=params,
+    ctx = RunContext(rank=rank, world_size=spec.world_size, device=device, workload=instance, params=spec.params,
                      comm=comm, seed=spec.seed, run_dir=run_dir, log=writer.write, memory_per_rank=spec.memory_per_rank)
     torch.manual_seed(spec.seed)
     meter = AllocatorPeak(device)  # from here: the data set is not in it, everything the method makes is

@@ -1,24 +1,28 @@
-"""The rules a resolved run must meet before anything runs, in one place for suite validation (expand_suite) and
-`dtbench rerun` (check_spec): each names the field at fault as the run spec spells it ('world_size',
+"""The rules a resolved run must meet before anything runs, one set (check_run) for suite validation (expand_suite)
+and `dtbench rerun` (check_spec): each names the field at fault as the run spec spells it ('world_size',
 'params.batch_size'); each caller turns that into its file's field ('run[2].params.batch_size', 'defaults.lr')."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 from harness.budget import Budget
 from harness.run.lr_schedule import schedule_problem
+from harness.suite.files import error_parts
 
 #: A run whose threads (world size x threads per rank) outnumber the cores available this many times over is
 #: refused: its times would measure the scheduler, not the method. Any oversubscription below it is a warning.
 ABSURD_OVERSUBSCRIPTION = 64
 
-#: Which check found a problem, for the caller's wording: `method`'s rules of world size and params, `model`'s
-#: cut of the workload's blocks, the rank `layout` (nodes, threads, CPU lists), the `budget`, the lr `schedule`
-#: against it, the `batch` against the data and its split, and the `host` the ranks run on.
-Check = Literal["method", "model", "layout", "budget", "schedule", "batch", "host"]
+#: Which check found a problem, for the caller's wording: the workload's `options`, `method`'s rules of world size
+#: and params, `model`'s cut of the workload's blocks, the rank `layout` (nodes, threads, CPU lists), the `budget`,
+#: the lr `schedule` against it, the `batch` against the data and its split, and the `host` the ranks run on.
+Check = Literal["options", "method", "model", "layout", "budget", "schedule", "batch", "host"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,36 @@ class RunShape:
     cpus: list[list[int]] | None
     nodes: int
     budget: Budget
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What check_run found: the workload options resolved (its Options' defaults filled in; as given when they
+    do not validate), the first rule the run breaks or None, and the warning for a local run whose threads
+    outnumber the cores (None when there is a problem)."""
+
+    options: dict[str, Any]
+    problem: Problem | None
+    warning: str | None
+
+
+def check_run(method_cls: Any, workload: Any, run: Mapping[str, Any], host: Host | None) -> Checked:
+    """The one set of checks every run passes before anything runs, for a suite's runs (expand_suite) and a
+    spec.json's (check_spec) alike: `run` holds RunSpec's fields (a RunSpec's own, or those expand_suite is
+    building) with `params` the method's validated Params. First the workload's options, strictly (every
+    workload's, a plugin's too), then run_problem's rules, then oversubscription's warning. `host`: this machine
+    for a local run, None under SLURM."""
+    options = run["workload_options"]
+    try:
+        options = workload.Options.model_validate(options, strict=True).model_dump()
+    except ValidationError as exc:
+        field, message = error_parts(exc, model=workload.Options)
+        field = "workload_options" if field == "<top level>" else f"workload_options.{field}"
+        return Checked(options, Problem(field, message, "options"), None)
+    shape = RunShape(method_cls, run["params"], run["world_size"], workload, options, run["threads_per_rank"],
+                     run["cpus_per_rank"], run["nodes"], run["budget"])
+    problem = run_problem(shape, host)
+    return Checked(options, problem, None if problem else oversubscription(shape, host))
 
 
 def run_problem(run: RunShape, host: Host | None) -> Problem | None:

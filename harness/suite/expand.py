@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from harness import registry
 from harness.bytesize import parse_bytes
 from harness.net.spec import NetworkSpec
-from harness.suite.checks import Host, Problem, RunShape, oversubscription, run_problem
+from harness.suite.checks import Host, Problem, check_run
 from harness.suite.files import FileError, first_error
 from harness.suite.groups import PlacedRun, check_baseline, placed_runs
 from harness.suite.labels import LabelInputs, default_labels
@@ -60,12 +60,6 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
             raise FileError(f"{path}: {where}.workload: required key is missing (the suite names no workload)")
         workload, workload_entry = _lookup(path, placed.workload_field, registry.WORKLOADS, workload_name)
         options = {**(suite.workload_options if not entry.workload else {}), **entry.workload_options}
-        try:  # strict here, not in each workload's Options: every workload's options, a plugin's too
-            resolved_options = workload.Options.model_validate(options, strict=True).model_dump()
-        except ValidationError as exc:
-            loc = exc.errors()[0]["loc"]
-            prefix = placed.option_field(str(loc[0])) if loc else f"{where}.workload_options"
-            raise first_error(path, exc, prefix=prefix, model=workload.Options) from None
 
         # Precedence: method defaults < workload defaults < suite [defaults] < group defaults < run params (a
         # group's defaults are folded into entry.params by placed_runs).
@@ -89,28 +83,15 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
         merged = {k: v for k, v in workload.hyperparameters.items() if k in fields}
         merged.update(suite.defaults)
         merged.update(entry.params)
-        try:
+        try:  # the one validation of the run's params: the RunSpecs hold this object, and the ranks get it
             params = method_cls.Params.model_validate(merged)
         except ValidationError as exc:
             key = str(exc.errors()[0]["loc"][0]) if exc.errors()[0]["loc"] else ""
             error = first_error(path, exc, prefix=placed.param_field(key, suite.defaults), model=method_cls.Params)
             raise FileError(f"{error} (run {where}, method {entry.method!r})") from None
-        nodes = entry.nodes or suite.nodes
-        budget = (entry.budget.over(suite.budget) if entry.budget else suite.budget).over(workload.budget)
         threads = entry.threads_per_rank if entry.threads_per_rank is not None else suite.threads_per_rank
         if threads is None:  # not `or`: a run's 0 or [] is an error below, not "unset"
             threads = default_threads(entry.world_size)
-        cpus = entry.cpus_per_rank
-        shape = RunShape(method_cls, params, entry.world_size, workload, resolved_options, threads, cpus, nodes,
-                         budget)
-        problem = run_problem(shape, host)
-        if problem:
-            raise FileError(f"{path}: {_field_of(problem, placed, suite)}: {problem.message}"
-                            f"{_context(problem, placed, workload_name)}")
-        crowded = oversubscription(shape, host)
-        if crowded:
-            warnings.warn(f"{path}: {where} ({entry.method}): {crowded}", stacklevel=2)
-        run_network = network or entry.network or suite.network
         memory_field = f"{where}.memory_per_rank" if entry.memory_per_rank is not None else "memory_per_rank"
         memory_value = entry.memory_per_rank if entry.memory_per_rank is not None else suite.memory_per_rank
         try:
@@ -119,13 +100,22 @@ def expand_suite(path: str | Path, only: str | None = None, network: NetworkSpec
             raise FileError(f"{path}: {memory_field}: {exc}") from None
         spec_fields = dict(
             suite=suite.name, method=entry.method, family=method_cls.family, workload=workload_name,
-            workload_options=resolved_options, world_size=entry.world_size, params=params.model_dump(),
-            budget=budget, threads_per_rank=threads, cpus_per_rank=cpus, deterministic=suite.deterministic,
+            workload_options=options, world_size=entry.world_size, params=params,
+            budget=(entry.budget.over(suite.budget) if entry.budget else suite.budget).over(workload.budget),
+            threads_per_rank=threads, cpus_per_rank=entry.cpus_per_rank, deterministic=suite.deterministic,
             log_every_steps=suite.log_every_steps, checkpoint_every_steps=suite.checkpoint_every_steps,
             hang_timeout_s=entry.hang_timeout_s or suite.hang_timeout_s, allocator=entry.allocator or suite.allocator,
-            nodes=nodes, data_root=suite.data_root, suite_file=str(path.resolve()), network=run_network,
-            method_origin=method_entry.origin, workload_origin=workload_entry.origin, memory_per_rank=memory_per_rank,
+            nodes=entry.nodes or suite.nodes, data_root=suite.data_root, suite_file=str(path.resolve()),
+            network=network or entry.network or suite.network, method_origin=method_entry.origin,
+            workload_origin=workload_entry.origin, memory_per_rank=memory_per_rank,
             baseline=placed.group_entry.baseline if placed.group_entry is not None else suite.baseline)
+        checked = check_run(method_cls, workload, spec_fields, host)
+        if checked.problem:
+            raise FileError(f"{path}: {_field_of(checked.problem, placed, suite)}: {checked.problem.message}"
+                            f"{_context(checked.problem, placed, workload_name)}")
+        if checked.warning:
+            warnings.warn(f"{path}: {where} ({entry.method}): {checked.warning}", stacklevel=2)
+        spec_fields["workload_options"] = checked.options
         resolved.append((placed, method_cls, method_entry.id_name, workload_entry.id_name, spec_fields))
 
     optimizer = suite.defaults.get("optimizer")  # None: the most common among the suite's runs
@@ -168,6 +158,10 @@ def _field_of(problem: Problem, placed: PlacedRun, suite: SuiteFile) -> str:
         return f"{placed.param_field(key, suite.defaults, fallback=fallback)}.{key}"
     if problem.field == "workload_options":
         return placed.options_field
+    if problem.check == "options":  # workload_options.<key>[...]: where the key was set
+        key = problem.field.removeprefix("workload_options.")
+        option = key.split(".")[0].split("[")[0]
+        return f"{placed.option_field(option)}.{key}"
     if problem.field == "nodes":
         return f"{where}.nodes" if entry.nodes else "nodes"
     if problem.field == "threads_per_rank" and entry.threads_per_rank is None and suite.threads_per_rank is not None:
@@ -194,7 +188,7 @@ def _context(problem: Problem, placed: PlacedRun, workload: str) -> str:
 def label_inputs(method_name: str, fields: dict[str, Any]) -> LabelInputs:
     """What may set a run (its RunSpec fields but label, id and seed) apart from its method's other runs: params,
     workload options (named `options.<key>` where a param has the key), budget, layout and allocator."""
-    settings = dict(fields["params"])
+    settings = fields["params"].model_dump()
     for key, value in fields["workload_options"].items():
         settings[f"options.{key}" if key in settings else key] = value
     for key, value in fields["budget"].model_dump(exclude_none=True).items():
@@ -217,36 +211,17 @@ def _check_labels(path: Path, runs: list[tuple[str, str, str, NetworkSpec | None
 
 
 def check_spec(spec: RunSpec, path: str | Path) -> RunSpec:
-    """Check a resolved run spec read back from a spec.json (`dtbench rerun`, which runs locally) as expand_suite
-    checks a suite's runs, with the same rules (harness/suite/checks.py): the method and workload resolve, their
-    params and options validate, and the world size, model, nodes, budget, batch, threads and this machine's CPUs
-    fit (a warning when its threads outnumber the cores). Returns the spec with its params as its method's Params
-    write them now (an earlier spec.json's form read as today's: PB's reference_lr). Raises FileError naming `path`
-    and the field."""
+    """Check a run spec read back from a spec.json (`dtbench rerun`, which runs locally) with the checks every
+    suite's run passes (check_run, harness/suite/checks.py): the workload resolves and its options validate, and
+    the world size, model, nodes, budget, batch, threads and this machine's CPUs fit (a warning when its threads
+    outnumber the cores). Its method and params were checked as the spec was read (RunSpec: its params are its
+    method's Params, and the counts >= 1). Returns `spec`. Raises FileError naming `path` and the field."""
     path = Path(path)
-    method_cls, _ = _lookup(path, "method", registry.METHODS, spec.method)
+    method_cls = registry.METHODS.get(spec.method)  # resolves: RunSpec read its params as this method's
     workload, _ = _lookup(path, "workload", registry.WORKLOADS, spec.workload)
-    try:
-        workload.Options.model_validate(spec.workload_options, strict=True)
-    except ValidationError as exc:
-        raise first_error(path, exc, prefix="workload_options") from None
-    try:
-        params = method_cls.Params.from_spec(spec.params)
-    except ValidationError as exc:
-        raise first_error(path, exc, prefix="params") from None
-    except ValueError as exc:  # a derived value that its keys do not give
-        raise FileError(f"{path}: params.{exc}") from None
-    for field in ("log_every_steps", "checkpoint_every_steps"):
-        value = getattr(spec, field)
-        if value is not None and value < 1:
-            raise FileError(f"{path}: {field}: give a count >= 1, got {value}")
-    host = Host.here()
-    shape = RunShape(method_cls, params, spec.world_size, workload, spec.workload_options, spec.threads_per_rank,
-                     spec.cpus_per_rank, spec.nodes, spec.budget)
-    problem = run_problem(shape, host)
-    if problem:
-        raise FileError(f"{path}: {problem.field}: {problem.message}")
-    crowded = oversubscription(shape, host)
-    if crowded:
-        warnings.warn(f"{path}: {spec.run_id}: {crowded}", stacklevel=2)
-    return spec.model_copy(update={"params": params.model_dump()})
+    checked = check_run(method_cls, workload, dict(spec), Host.here())
+    if checked.problem:
+        raise FileError(f"{path}: {checked.problem.field}: {checked.problem.message}")
+    if checked.warning:
+        warnings.warn(f"{path}: {spec.run_id}: {checked.warning}", stacklevel=2)
+    return spec

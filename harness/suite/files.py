@@ -73,15 +73,22 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 
 def first_error(path: Path, err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None
                 ) -> FileError:
-    """The first problem pydantic found, as one line: '<file>: <field>: <what is wrong>'. A value that fits no
+    """The first problem pydantic found, as one line: '<file>: <field>: <what is wrong>' (error_parts), the field
+    under `prefix` where given."""
+    field, msg = error_parts(err, model)
+    if prefix:
+        field = f"{prefix}.{field}" if field != "<top level>" else prefix
+    return FileError(f"{path}: {field}: {msg}")
+
+
+def error_parts(err: ValidationError, model: type[BaseModel] | None = None) -> tuple[str, str]:
+    """The first problem pydantic found: (its field as a TOML path, what is wrong in one line). A value that fits no
     member of a union type is one problem: its field once, with what each member wanted. With `model` (what was
     validated), an unknown key names the nearest known one ('did you mean max_epochs?')."""
     errors = err.errors()
     e = errors[0]
     loc = _field_loc(e["loc"])
     field = field_path(loc)
-    if prefix:
-        field = f"{prefix}.{field}" if field != "<top level>" else prefix
     wanted = list(dict.fromkeys(x["msg"] for x in errors if _field_loc(x["loc"]) == loc and x["type"] != "missing"))
     msg = e["msg"]
     if len(wanted) > 1:  # 'Input should be a valid integer or a valid list'
@@ -98,7 +105,7 @@ def first_error(path: Path, err: ValidationError, prefix: str = "", model: type[
         if isinstance(e["input"], str) and e["type"] in _NUMBER_OR_BOOL and _unquoted(e["input"], e["type"]):
             # TOML's "2" is a string, 2 a number: advice only where the text is the value in quotes
             msg += ": write true or false, without quotes" if e["type"] == "bool_type" else ": write it without quotes"
-    return FileError(f"{path}: {field}: {msg}")
+    return field, msg
 
 
 def _unquoted(text: str, kind: str) -> bool:

@@ -8,11 +8,22 @@ import os
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from harness.budget import Budget
 from harness.bytesize import memory_text
 from harness.net.spec import NetworkSpec
+from harness.params import TrainParams
 
 #: What suite names and run ids match (both are folder names under --out), and their longest length.
 SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -31,6 +42,11 @@ class RunSpec(BaseModel):
     `method` and `workload` are as the suite named them: a registered name, or a `package.module:Class` reference.
     `method_origin` and `workload_origin` say where the registry found them (built-in, an installed package's entry
     point, or an import path), so a run folder alone says what code ran.
+
+    `params` are the method's Params, typed: validated once, by the suite's expansion (expand_suite puts them here
+    as it validated them) or when a spec.json is read (its params dict read as the method's Params, whose
+    from_spec also reads an earlier spec.json's form), and passed on as they are to the ranks, which do not
+    validate them again. They are written to spec.json as the Params dump them (computed fields too).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -44,13 +60,13 @@ class RunSpec(BaseModel):
     workload_options: dict[str, Any]
     world_size: int = Field(ge=1)
     seed: int = Field(ge=0, lt=2**32)  # numpy's seed range
-    params: dict[str, Any]
+    params: TrainParams  # the method's Params (a TrainParams subclass)
     budget: Budget
     threads_per_rank: int | list[int]  # a list: rank r runs threads_per_rank[r] threads (heterogeneous ranks)
     deterministic: bool
     cpus_per_rank: list[list[int]] | None = None  # rank r runs on CPUs cpus_per_rank[r] (sched_setaffinity)
-    log_every_steps: int
-    checkpoint_every_steps: int | None = None
+    log_every_steps: int = Field(ge=1)
+    checkpoint_every_steps: int | None = Field(default=None, ge=1)
     hang_timeout_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)  # no progress this long: torn down
     allocator: Allocator = "retain"  # the ranks' malloc policy (harness/run/allocator.py)
     nodes: int = 1
@@ -61,6 +77,41 @@ class RunSpec(BaseModel):
     workload_origin: str | None = None
     baseline: str | None = None  # the label or method this run's workload is compared against (suite or [[group]])
     memory_per_rank: int | None = Field(default=None, ge=1)  # emulated device memory of every rank, bytes
+
+    @field_serializer("params")
+    def _params_as_written(self, params: TrainParams) -> dict[str, Any]:
+        """The Params as their own model_dump writes them (every field of the subclass, computed ones too), then
+        written as JSON as any dict is: the spec.json (and the checkpoints' spec hash) of the dict they once were."""
+        return params.model_dump()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _method_resolves(cls, data: Any) -> Any:
+        """A spec.json's params are its method's: the method must resolve to read them (an error at `method`)."""
+        if isinstance(data, dict) and isinstance(data.get("params"), dict) and isinstance(data.get("method"), str):
+            try:
+                _method_class(data["method"])
+            except LookupError as exc:  # registry.RegistryError
+                error = InitErrorDetails(type=PydanticCustomError("method", "{why}", {"why": str(exc)}),
+                                         loc=("method",), input=data["method"])
+                raise ValidationError.from_exception_data(cls.__name__, [error]) from None
+        return data
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _method_params(cls, value: Any, info: ValidationInfo) -> Any:
+        """A spec.json's params (a dict) read as its method's Params (TrainParams.from_spec), their errors located
+        under `params`; Params already validated (expand_suite's) kept as they are."""
+        if isinstance(value, TrainParams) or not isinstance(value, dict) or "method" not in info.data:
+            return value
+        return _method_class(info.data["method"]).Params.from_spec(value)
+
+
+def _method_class(name: str) -> Any:
+    """The method class registered or referenced as `name`; registry.RegistryError (a LookupError) otherwise."""
+    from harness import registry  # here: a spec's params are its method's code, which imports torch
+
+    return registry.METHODS.get(name)
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

@@ -30,7 +30,7 @@ def judged_apapo_runs(claims_path: Path) -> list[tuple[str, str, APapoParams]]:
             for index in table.index[matching_rows(table, name)]:
                 spec = specs[index]
                 if spec.method == "apapo":
-                    found.append((claim.id, spec.label, APapoParams.model_validate(spec.params)))
+                    found.append((claim.id, spec.label, spec.params))
     return found
 
 

@@ -175,7 +175,7 @@ def test_submit_skips_completed_runs_on_resume(tmp_path, suite_file, fake_tianhe
         run_dir.mkdir(parents=True)
         (run_dir / "status.json").write_text(json.dumps({"state": "completed"}))
         (run_dir / "spec.json").write_text(spec.model_dump_json())
-    other = specs[1].model_copy(update={"params": {**specs[1].params, "lr": 0.123}})
+    other = specs[1].model_copy(update={"params": specs[1].params.model_copy(update={"lr": 0.123})})
     (changed / "spec.json").write_text(other.model_dump_json())  # completed under another spec: submitted again
     submitted = submit_specs(specs, tmp_path / "out", site, resume=True)
     assert [s.spec.run_id for s in submitted] == [s.run_id for s in specs[1:]]

@@ -192,23 +192,24 @@ def test_scaling_rules_to_batch_one_and_their_record_in_the_spec(tmp_path):
                      'params = { batch_size = 1, lr = 0.05, momentum = 0.9, reference_batch = 32, stages = 3 }\n')
     (spec,) = expand_suite(suite)
     # spec.json records the given lr and momentum and, beside them, the derived values the optimizer applies
-    assert spec.params["lr"] == 0.05 and spec.params["momentum"] == 0.9
-    assert spec.params["applied_momentum"] == pytest.approx(0.9 ** (1 / 32))
-    assert spec.params["applied_lr"] == scaled_hyperparameters(0.05, 0.9, 1, 32)[0] < 0.05 / 32
+    recorded = json.loads(spec.model_dump_json())["params"]
+    assert recorded["lr"] == 0.05 and recorded["momentum"] == 0.9
+    assert recorded["applied_momentum"] == pytest.approx(0.9 ** (1 / 32))
+    assert recorded["applied_lr"] == scaled_hyperparameters(0.05, 0.9, 1, 32)[0] < 0.05 / 32
     from methods.pipeline.pb.pb import PBParams
 
-    again = PBParams.from_spec(spec.params)  # the worker reads spec.json again: derived anew, the same values
-    assert again.model_dump() == spec.params
+    again = PBParams.from_spec(recorded)  # `dtbench rerun` reads spec.json again: derived anew, the same values
+    assert again.model_dump() == recorded and again == spec.params
     assert PBParams(lr=0.05, momentum=0.9).applied_lr == 0.05  # no reference_batch: nothing derived
-    with pytest.raises(ValueError, match="applied_lr: recorded as 0.5"):
-        PBParams.from_spec({**spec.params, "applied_lr": 0.5})
+    with pytest.raises(ValueError, match=r"applied_lr\n  not what the keys it derives from give \(5\.1"):
+        PBParams.from_spec({**recorded, "applied_lr": 0.5})
     with pytest.raises(ValueError, match="unknown key|Extra inputs"):
-        PBParams.model_validate({**spec.params})  # a derived key is not an input
+        PBParams.model_validate({**recorded})  # a derived key is not an input
     # a spec.json of the earlier form (the scaled values as lr and momentum, the given ones as reference_*) reruns
-    old = {k: v for k, v in spec.params.items() if not k.startswith("applied_")}
-    old.update(lr=spec.params["applied_lr"], momentum=spec.params["applied_momentum"], reference_lr=0.05,
+    old = {k: v for k, v in recorded.items() if not k.startswith("applied_")}
+    old.update(lr=recorded["applied_lr"], momentum=recorded["applied_momentum"], reference_lr=0.05,
                reference_momentum=0.9)
-    assert PBParams.from_spec(old).model_dump() == spec.params
+    assert PBParams.from_spec(old).model_dump() == recorded
     with pytest.raises(ValueError, match="reference_lr"):  # half of the earlier form: an unknown key, not a crash
         PBParams.from_spec({k: v for k, v in old.items() if k != "reference_momentum"})
 

@@ -41,9 +41,9 @@ def test_expands_runs_times_seeds_with_precedence(tmp_path):
     assert [s.run_id for s in specs] == ["sgd-digits-mlp-w1-s0", "sgd-digits-mlp-w1-s1",
                                          "ddp-digits-mlp-w2-lr0.2-s0", "ddp-digits-mlp-w2-lr0.2-s1"]
     sgd, ddp = specs[0], specs[2]
-    assert sgd.params["lr"] == 0.1  # suite defaults over workload defaults
-    assert ddp.params["lr"] == 0.2  # run params over suite defaults
-    assert sgd.params["batch_size"] == 32 and sgd.params["momentum"] == 0.9  # workload defaults
+    assert sgd.params.lr == 0.1  # suite defaults over workload defaults
+    assert ddp.params.lr == 0.2  # run params over suite defaults
+    assert sgd.params.batch_size == 32 and sgd.params.momentum == 0.9  # workload defaults
     assert sgd.budget.max_epochs == 2 and sgd.budget.target_accuracy == 0.95  # workload fills unset budget fields
     assert ddp.threads_per_rank >= 1
 

@@ -35,7 +35,7 @@ def test_changed_params_are_those_the_spec_records_unlike_the_defaults(tmp_path)
     sgd, _, ddp, _ = expand_suite(write(tmp_path, GOOD))
     assert changed_params(sgd) == {"lr": 0.1, "momentum": 0.9}
     assert changed_params(ddp) == {"lr": 0.2, "momentum": 0.9}
-    assert all(sgd.params[k] == v for k, v in changed_params(sgd).items())
+    assert all(getattr(sgd.params, k) == v for k, v in changed_params(sgd).items())
 
 
 def test_a_dry_run_says_which_run_folders_the_real_run_would_replace(tmp_path, capsys):
@@ -91,7 +91,8 @@ def test_with_resume_a_dry_run_says_which_runs_are_skipped_resumed_or_started_ov
     assert lines[-1] == (f"The real run would keep 1 completed, resume 1 in their folders, start 1 over, write 1 new "
                          f"in {out / 't'}; 1 earlier folders would be moved aside to {out / 't'}/.earlier/<date>/.")
     # A completed run whose stored spec is not the one asked for now is not kept: it runs again.
-    changed = specs[completed.name].model_copy(update={"params": {**specs[completed.name].params, "lr": 0.3}})
+    asked = specs[completed.name]
+    changed = asked.model_copy(update={"params": asked.params.model_copy(update={"lr": 0.3})})
     (completed / "spec.json").write_text(json.dumps(changed.model_dump(mode="json")))
     assert main(["run", str(path), "--out", str(out), "--dry-run", "--resume"]) == 0
     assert _lines(capsys)[0].endswith("\t[completed earlier with another spec (params.lr 0.3 -> 0.1): runs again, "

@@ -177,9 +177,9 @@ def _check_resolved(path) -> None:
     for spec in expand_suite(path):
         assert RunSpec.model_validate_json(spec.model_dump_json()) == spec, spec
         assert 0 <= spec.seed < 2**32, spec.seed
-        batch = spec.params["batch_size"]
+        batch = spec.params.batch_size
         assert batch <= TRAINING_SET[spec.workload](spec.workload_options), spec
-        assert batch >= spec.params.get("microbatches", 1), spec
+        assert batch >= getattr(spec.params, "microbatches", 1), spec
         assert spec.family not in ("data-parallel", "data-parallel-compressed") or batch >= spec.world_size, spec
         assert all(set(ids) <= cpus for ids in spec.cpus_per_rank or []), spec
 
@@ -311,7 +311,7 @@ def test_rerun_checks_a_spec_json_as_a_suite_is_checked(tmp_path):
     path = tmp_path / "suite.toml"
     path.write_text('name = "t"\nworkload = "digits-mlp"\n[budget]\nmax_steps = 1\n[[run]]\nmethod = "sgd"\n')
     (spec,) = expand_suite(path)
-    for change, field in (({"params": {**spec.params, "batch_size": 5000}}, "params.batch_size"),
+    for change, field in (({"params": spec.params.model_copy(update={"batch_size": 5000})}, "params.batch_size"),
                           ({"cpus_per_rank": [[99]]}, "cpus_per_rank")):
         with sandbox() as root:
             run = root / "in" / "run"

@@ -55,7 +55,7 @@ def test_a_wrong_type_is_one_line_naming_file_and_field_exit_2_nothing_written(t
 def test_an_int_where_a_float_belongs_is_accepted(tmp_path):
     text = GOOD.replace("lr = 0.1", "lr = 1").replace("max_epochs = 2", "max_epochs = 2\nmax_train_seconds = 60")
     sgd = expand_suite(write(tmp_path, text))[0]
-    assert sgd.params["lr"] == 1.0 and isinstance(sgd.params["lr"], float)
+    assert sgd.params.lr == 1.0 and isinstance(sgd.params.lr, float)
     assert sgd.budget.max_train_seconds == 60.0
 
 

@@ -102,7 +102,7 @@ def test_top_level_runs_expand_first_then_each_group_in_order(tmp_path):
         ("fp16", "digits-mlp", 0), ("fp16", "digits-mlp", 1),
         ("ddp", "digits-cnn", 0), ("ddp", "digits-cnn", 1), ("sgd", "digits-cnn", 0), ("sgd", "digits-cnn", 1),
         ("sgd", "digits-mlp", 0), ("sgd", "digits-mlp", 1)]
-    assert specs[-1].params["lr"] == 0.3 and specs[-1].run_id == "sgd-digits-mlp-w1-lr0.3-s1"
+    assert specs[-1].params.lr == 0.3 and specs[-1].run_id == "sgd-digits-mlp-w1-lr0.3-s1"
 
 
 def test_precedence_suite_then_group_then_run(tmp_path):
@@ -122,10 +122,10 @@ def test_precedence_suite_then_group_then_run(tmp_path):
     budget = { eval_every_steps = 5 }
     """
     first, _, own, _ = expand_suite(write(tmp_path, text))
-    assert first.params["lr"] == 0.2 and own.params["lr"] == 0.3  # group defaults over the suite's; run params over
-    assert first.params["momentum"] == own.params["momentum"] == 0.5  # both the group's
-    assert first.params["weight_decay"] == own.params["weight_decay"] == 0.01  # the suite's [defaults]
-    assert first.params["batch_size"] == 32  # the workload's
+    assert first.params.lr == 0.2 and own.params.lr == 0.3  # group defaults over the suite's; run params over
+    assert first.params.momentum == own.params.momentum == 0.5  # both the group's
+    assert first.params.weight_decay == own.params.weight_decay == 0.01  # the suite's [defaults]
+    assert first.params.batch_size == 32  # the workload's
     assert first.workload_options["norm"] == "group" and own.workload_options["norm"] == "none"
     assert first.budget.max_epochs == own.budget.max_epochs == 1  # the group's over the suite's 2
     assert first.budget.target_accuracy == own.budget.target_accuracy == 0.5  # the group's over the workload's

@@ -27,8 +27,8 @@ def test_the_cifar10_suite_is_the_standard_recipe(repo_root: Path) -> None:
     assert {s.method for s in specs} == {"sgd", "ddp", "qsgd", "terngrad", "dgc"} and len(specs) == 15
     for spec in specs:
         p = spec.params
-        assert (p["batch_size"], p["lr"], p["momentum"], p["weight_decay"]) == (128, 0.1, 0.9, 1e-4)
-        assert (p["lr_schedule"], p["milestones"], p["gamma"]) == ("step", [0.5, 0.75], 0.1)
+        assert (p.batch_size, p.lr, p.momentum, p.weight_decay) == (128, 0.1, 0.9, 1e-4)
+        assert (p.lr_schedule, p.milestones, p.gamma) == ("step", [0.5, 0.75], 0.1)
         assert spec.budget.max_epochs == 160 and spec.budget.target_accuracy == 0.91
     assert (repo_root / "suites" / "cifar10.claims.toml").is_file()
 
