@@ -61,6 +61,8 @@ def footprints(blocks: Iterable[torch.nn.Module], example: torch.Tensor, detach_
                 graph.append((counter, y))
                 x = y
     finally:
+        for counter, _ in graph:  # the profile's graph never runs backward: let it go (SavedTensors.drop)
+            counter.drop()
         with torch.no_grad():
             for block, values in zip(blocks, saved, strict=True):
                 for buffer, value in zip(block.buffers(), values, strict=True):

@@ -4,6 +4,7 @@ steps, measured)."""
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,7 +24,7 @@ class _Held:
     """What a saved-tensor hook keeps in place of a tensor: the tensor, and a release of its bytes when autograd
     frees the saved value (this object's last reference)."""
 
-    __slots__ = ("tensor", "counter", "key")
+    __slots__ = ("tensor", "counter", "key", "__weakref__")
 
     def __init__(self, tensor: torch.Tensor, counter: SavedTensors, key: int):
         self.tensor, self.counter, self.key = tensor, counter, key
@@ -35,13 +36,18 @@ class _Held:
 class SavedTensors:
     """A context whose autograd saved-tensor hooks measure the bytes kept for backwards: `live` now and `peak`
     since the start (or the last `reset`), each storage counted once, the storages in `exclude` (the weights, held
-    anyway) never. A saved value is released when autograd frees it (after its backward, or with its graph)."""
+    anyway) never. A saved value is released when autograd frees it (after its backward, or with its graph).
+
+    A graph that never runs its backward (a profile) must be `drop`ped: a block that saves its own output holds
+    it through the hook's value, a cycle through autograd's C++ nodes that Python's collector cannot see, so the
+    graph and every tensor it saved would outlive the profile."""
 
     def __init__(self, exclude: Iterable[int] = ()):
         self.exclude = set(exclude)
         self.live = self.peak = 0
         self._refs: dict[int, list[int]] = {}  # storage pointer -> [saved values holding it, its bytes]
         self.touched: set[int] = set()  # excluded storages that were saved
+        self._values: list[weakref.ref[_Held]] = []  # the hook's values, for `drop`
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, tensor: torch.Tensor) -> Any:
@@ -56,7 +62,9 @@ class SavedTensors:
             self.live += entry[1]
             self.peak = max(self.peak, self.live)
         entry[0] += 1
-        return _Held(tensor, self, key)
+        held = _Held(tensor, self, key)
+        self._values.append(weakref.ref(held))
+        return held
 
     @staticmethod
     def _unpack(held: Any) -> torch.Tensor:
@@ -70,6 +78,14 @@ class SavedTensors:
         if entry[0] == 0:
             self.live -= entry[1]
             del self._refs[key]
+
+    def drop(self) -> None:
+        """Let go of every tensor the hook's values still hold (their graph can no longer run its backward)."""
+        for ref in self._values:
+            held = ref()
+            if held is not None:
+                held.tensor = None
+        self._values.clear()
 
     def keys(self) -> set[int]:
         """The storages saved and not yet released."""

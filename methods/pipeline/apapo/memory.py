@@ -37,6 +37,7 @@ def node_saved(traced: TracedModel, example: torch.Tensor, loss_fn, targets: tor
     out: list[NodeSaved] = []
     buffers = [b.detach().clone() for b in module.buffers()]
     devices = [example.device.index or 0] if example.is_cuda else []
+    counters: list[SavedTensors] = []
     try:
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
             for node in nodes:
@@ -48,6 +49,7 @@ def node_saved(traced: TracedModel, example: torch.Tensor, loss_fn, targets: tor
                 entries = {t.untyped_storage().data_ptr(): index[p] for p, t in
                            zip(node.all_input_nodes, read, strict=False)}
                 counter = SavedTensors(exclude=set(entries) | {p.untyped_storage().data_ptr() for p in read})
+                counters.append(counter)
                 with counter:
                     value = call_node(module, node, args, kwargs)
                 kept = value.untyped_storage().data_ptr() in counter.keys()
@@ -56,10 +58,13 @@ def node_saved(traced: TracedModel, example: torch.Tensor, loss_fn, targets: tor
                 values[node] = value.detach()
             y = values[nodes[traced.output]].detach().requires_grad_(True)
             counter = SavedTensors(exclude={y.untyped_storage().data_ptr()})
+            counters.append(counter)
             with counter:
                 loss_fn(y, targets)
             out.append(NodeSaved(counter.peak, frozenset({traced.output}) if counter.touched else frozenset(), False))
     finally:
+        for counter in counters:  # the profile's graph never runs backward: let it go (SavedTensors.drop)
+            counter.drop()
         with torch.no_grad():
             for buffer, value in zip(module.buffers(), buffers, strict=True):
                 buffer.copy_(value)
