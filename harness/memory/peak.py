@@ -157,7 +157,7 @@ def window_peak(events: list[Any], started: bool = True) -> int:
     flat = [e for per_thread in events for lst in per_thread for e in lst]
     if not flat:
         return 0
-    zero = min(flat, key=lambda e: e.cpu_elapsed_us(flat[0]))  # the earliest event: times are taken from it
+    zero = min(flat, key=lambda e: flat[0].cpu_elapsed_us(e))  # the earliest event (a.cpu_elapsed_us(b): b - a)
     marks = {e.name(): zero.cpu_elapsed_us(e) for e in flat if e.kind() == "push" and e.name() in (BEGIN, END)}
     begin = marks.get(BEGIN, 0.0) if started else 0.0
     end = marks.get(END, float("inf"))
