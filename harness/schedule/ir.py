@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypeVar
 
 
 class Op(str, Enum):
@@ -86,12 +85,9 @@ def destination_stage(message: Message) -> int:
     return stage + 1 if kind == "act" else stage - 1
 
 
-A = TypeVar("A", bound=Action)
-
-
-def split_lanes(actions: Sequence[A]) -> tuple[list[A], list[A]]:
+def split_lanes(actions: Sequence[Action]) -> tuple[list[Action], list[Action]]:
     """One rank's action list -> (its forward lane, its backward lane), each in the list's order."""
-    lanes: tuple[list[A], list[A]] = ([], [])
+    lanes: tuple[list[Action], list[Action]] = ([], [])
     for a in actions:
         lanes[a.op not in FORWARD_LANE_OPS].append(a)
     return lanes
