@@ -37,24 +37,40 @@ class _Saved:
     activation_bytes: int
     targets: torch.Tensor | None = None
     scale: float = 1.0
+    cells: list[list[torch.Tensor | None]] | None = None  # what the saved-tensor hooks packed (_SavedBytes)
 
 
 class _SavedBytes:
-    """saved_tensors_hooks that add up the storage bytes autograd keeps for a backward, parameters excluded."""
+    """saved_tensors_hooks that add up the storage bytes autograd keeps for a backward, parameters excluded. Each
+    saved tensor is packed in a cell the stage empties once the microbatch's backward is done (`drop`): a node that
+    saves its own output (ReLU) holds it through the hook's value, a cycle through autograd's C++ nodes that
+    Python's collector cannot see, which a graph kept by `retain_graph` (zero-bubble's B) would never free."""
 
     def __init__(self, exclude: set[int]):
         self.exclude, self.seen, self.total = exclude, set(), 0
+        self.cells: list[list[torch.Tensor | None]] = []
 
-    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+    def pack(self, tensor: torch.Tensor) -> list[torch.Tensor | None]:
         pointer = tensor.untyped_storage().data_ptr()
         if pointer not in self.exclude and pointer not in self.seen:
             self.seen.add(pointer)
             self.total += saved_bytes(tensor)
-        return tensor
+        cell: list[torch.Tensor | None] = [tensor]
+        self.cells.append(cell)
+        return cell
 
     @staticmethod
-    def unpack(tensor: torch.Tensor) -> torch.Tensor:
+    def unpack(cell: list[torch.Tensor | None]) -> torch.Tensor:
+        tensor = cell[0]
+        if tensor is None:
+            raise RuntimeError("a saved tensor was used after its microbatch's backward was done")
         return tensor
+
+
+def drop(cells: list[list[torch.Tensor | None]] | None) -> None:
+    """Let go of the tensors a microbatch's graph saved (its backward is done: nothing will unpack them)."""
+    for cell in cells or ():
+        cell[0] = None
 
 
 @dataclass
@@ -91,7 +107,8 @@ class Stage:
         self.clip_norm: float | None = None  # grad_clip, where the stage clips its own gradient (PipelineMethod)
         self.param_bytes = sum(p.numel() * p.element_size() for p in self._params.values())
         self._saved: dict[Key, _Saved] = {}
-        self._weight_pending: dict[Key, tuple[list, int]] = {}  # B done, W not yet: its graph's state, its bytes
+        # B done, W not yet: its graph's state, its bytes, its saved tensors' cells
+        self._weight_pending: dict[Key, tuple[list, int, list | None]] = {}
         self.loss_sum = 0.0  # the loss accumulated by the last stage since the last `take_loss`
         self.backwards_since_update = 0
         self.peak = HeldBytes()  # since the last take_peak (a step's)
@@ -119,7 +136,7 @@ class Stage:
             counter = _SavedBytes(exclude)
             with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
                 out = self._run(x, weights, y, scale)
-            self._saved[key] = _Saved(x, out, version, weights, counter.total)
+            self._saved[key] = _Saved(x, out, version, weights, counter.total, cells=counter.cells)
         if self.last:
             self.loss_sum += out.item()
         self._note_memory()
@@ -155,6 +172,7 @@ class Stage:
         else:  # a stash or a prediction: its leaves collect the gradient, which then moves to the live parameters
             wrt = [weights[name] for name in self._params]
         torch.autograd.backward(output, grad_output, inputs=wrt if self.first else [*wrt, x])
+        drop(saved.cells)
         if buffers is not None:  # the recompute counted the microbatch in the running statistics again: undo it
             with torch.no_grad():
                 for name, b in self.module.named_buffers():
@@ -189,7 +207,7 @@ class Stage:
             raise RuntimeError(f"stage {self.index}: a split backward differentiates the live weights only")
         grads, groups = stage_backward_input([saved.output], None if grad_output is None else [grad_output],
                                              [saved.inputs], iter(self._params.values()))
-        self._weight_pending[key] = (groups, saved.activation_bytes)
+        self._weight_pending[key] = (groups, saved.activation_bytes, saved.cells)
         return grads[0]
 
     def backward_weight(self, key: Key) -> None:
@@ -197,8 +215,9 @@ class Stage:
         .grad (stage_backward_weight); nothing on the first stage (its B did it)."""
         if self.first:
             return
-        groups, _ = self._weight_pending.pop(key)
+        groups, _, cells = self._weight_pending.pop(key)
         stage_backward_weight(iter(self._params.values()), groups)
+        drop(cells)
         self.policy.backward_done(key[1])
         self.backwards_since_update += 1
         self._note_memory()
@@ -256,7 +275,7 @@ class Stage:
         """What the stage holds now for backwards still to come (a snapshot of the saved microbatches, taken in one
         step, so that another thread may add or remove one meanwhile)."""
         saved = list(self._saved.values())
-        pending = [size for _, size in list(self._weight_pending.values())]  # a W still to run holds its graph
+        pending = [size for _, size, _ in list(self._weight_pending.values())]  # a W still to run holds its graph
         weights = {id(s.weights) for s in saved if s.weights is not None}
         versions = max(len(weights), self.policy.held())
         return HeldBytes(sum(s.activation_bytes for s in saved) + sum(pending), len(saved) + len(pending),
