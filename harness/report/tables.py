@@ -255,8 +255,7 @@ def summary(runs: Sequence[RunResult]) -> pd.DataFrame:
     - memory_per_rank: the run's emulated device memory (bytes; NaN without one); planned_memory_bytes and
       held_memory_bytes: its largest rank's planned bytes (before the first step) and measured held bytes
       (harness/memory/kinds.py's kinds, each at its peak); allocator_peak_bytes: its largest rank's allocator peak
-      over steps 2-4 (harness/memory/peak.py: the ground truth the plan is judged against). A run refused by
-      memory_per_rank has state does_not_fit.
+      (harness/memory/peak.py, the plan's ground truth). A run refused by memory_per_rank has state does_not_fit.
     A run without metrics still gets a row (NaN metrics, 0 bytes).
     """
     rows = [run_summary(run) for run in runs]

@@ -212,6 +212,7 @@ TINY_RUNS: dict[str, list[str]] = {
     "measure/compressors.py": ["--numel", "4096", "--repeat", "1"],
     "checks/load.py": ["--workers", "1", "--", sys.executable, "-c", "print('ran under load')"],
     "checks/claims_level.py": ["--replicates", "100"],
+    "checks/memory_table.py": ["--run", "--only", "sgd-digits-mlp-*"],
 }
 #: Scripts run here with --help only, and why.
 HELP_ONLY: dict[str, str] = {

@@ -102,7 +102,8 @@ def test_summary_columns_and_values(suite: Path) -> None:
                                    "samples_per_s", "bubble", "peak_activation_bytes", "peak_weight_bytes",
                                    "last_epoch_bytes_per_sample", "cpu_share", "other_load", "noisy",
                                    "peak_rss_bytes", "final_loss", "perplexity", "bytes_per_token",
-                                   "tokens_per_s", "memory_per_rank", "planned_memory_bytes", "held_memory_bytes"]
+                                   "tokens_per_s", "memory_per_rank", "planned_memory_bytes", "held_memory_bytes",
+                                   "allocator_peak_bytes"]
     assert list(table.columns[:13]) == [
         "suite", "run_id", "method", "workload", "world_size", "seed", "state", "final_accuracy",
         "best_accuracy", "time_to_target_s", "train_time_s", "total_bytes", "bytes_per_sample"]
