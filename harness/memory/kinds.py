@@ -27,6 +27,8 @@ class MemoryBytes:
     versions: int = 0
     activations: int = 0
     buffers: int = 0
+    inputs: int = 0
+    temporaries: int = 0
 
     @property
     def total(self) -> int:
@@ -41,6 +43,10 @@ class MemoryBytes:
 
     def as_dict(self) -> dict[str, int]:
         return {**asdict(self), "total": self.total}
+
+    def as_dict_kinds(self) -> dict[str, int]:
+        """The kinds alone (no total)."""
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, row: Mapping[str, Any]) -> MemoryBytes:
@@ -63,5 +69,9 @@ class MemoryBytes:
 #: state (momentum, Adam's moments and steps); versions: weight versions kept besides the live ones (stashes,
 #: predictions, double buffers); activations: what autograd keeps for backwards still to run, at their peak;
 #: buffers: communication and compression state (DDP's gradient buckets, error-feedback residuals, DGC's momenta,
-#: PowerSGD's error and factors).
+#: PowerSGD's error and factors, a compressor's reused scratch); inputs: the step's batch (x, y) as the rank holds
+#: it through the step; temporaries: what the rank's peak holds beyond the other kinds, the largest phase of a step
+#: (harness/memory/step.py: backward's transients, the optimizer's and clipping's, a hook's payloads) over the
+#: gradients and activations already counted. Measured (held), temporaries stay 0: the allocator's peak is their
+#: ground truth.
 KINDS = tuple(f.name for f in fields(MemoryBytes))

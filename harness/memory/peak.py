@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -173,3 +173,36 @@ def window_peak(events: list[Any], started: bool = True) -> int:
             peak = max(peak, total)
     before = sum(delta for when, delta in changes if when < begin)
     return max(peak, before)
+
+
+def peak_of(fn: Callable[[], Any], device: torch.device) -> int:
+    """The allocator's peak on `device` while `fn()` runs, net of what was allocated before it: the most bytes `fn` had
+    allocated and not yet freed at any moment (a plan's profile of a forward and backward, say). On CUDA from
+    `torch.cuda.max_memory_allocated` (its peak statistic is reset: call this before a run's measured window, as
+    a plan is made); on CPU from the profiler's memory events of this thread and the threads that join it. A
+    meter watching this process (AllocatorPeak, recording the method's construction and plan) is paused for it and
+    given its events, so that the rank's own watch misses nothing."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    with _lock:
+        meter = _active if _active is not None and _active._recording else None
+        if meter is not None:
+            meter._events.append(_autograd._disable_profiler_legacy())
+        elif _autograd._profiler_enabled():
+            raise RuntimeError("peak_of needs the profiler, and another profiler is on in this process")
+        _autograd._enable_profiler_legacy(_memory_config())
+    events = None
+    try:
+        fn()
+    finally:
+        with _lock:
+            events = _autograd._disable_profiler_legacy()
+            if meter is not None:
+                meter._events.append(events)
+                _autograd._enable_profiler_legacy(_memory_config())
+    return window_peak([events], started=False)

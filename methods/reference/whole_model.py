@@ -21,6 +21,9 @@ from harness.memory import (
     planned_optimizer_bytes,
     weight_bytes,
 )
+from harness.memory.passes import pass_peak
+from harness.memory.step import batch_bytes, step_plan
+from harness.memory.update import clip_temporaries, optimizer_step_temporaries
 from harness.method import EvalResult, Method, RunContext, StepStats
 from harness.optim import clip_gradients
 
@@ -91,19 +94,37 @@ class WholeModelMethod(Method):
         """The same, measured now."""
         return 0
 
+    def planned_hook_bytes(self) -> int:
+        """What the communication hook allocates and frees while it runs, at its most, beyond the buffers (none:
+        one process). It runs once the backward has made every gradient of its bucket."""
+        return 0
+
     def memory_plan(self) -> dict[int, MemoryBytes]:
-        """Weights, one gradient each, the optimizer's state, and the activations of one forward of this rank's
-        samples (of its largest microbatch, under gradient accumulation; the loss included), profiled on the model's
-        blocks before the first step."""
-        train, device = self.ctx.workload.train, self.ctx.device
+        """Held throughout: weights, the optimizer's state, the buffers and this rank's (x, y). On top of them, the
+        step's largest phase (harness/memory/step.py): the forward and backward of one forward's samples (of its
+        largest microbatch under gradient accumulation, where a later one adds into the gradients the first made),
+        profiled with the allocator on the model before the first step (gradients, saved activations, backward's
+        transients); the communication hook's payloads beside every gradient; clipping's and the optimizer step's
+        temporaries beside every gradient (harness/memory/update.py). Activations are also counted alone, as the
+        saved bytes of that forward (footprints), for the breakdown."""
+        train, device, loss_fn = self.ctx.workload.train, self.ctx.device, self.ctx.workload.loss
         index = torch.arange(min(len(train), self.activation_samples()))
         x, y = train.inputs(index).to(device), train.targets(index).to(device)
-        prints = footprints([*self.network, LossBlock(self.ctx.workload.loss, y)], x)
+        prints = footprints([*self.network, LossBlock(loss_fn, y)], x)
         net = [self.network]
-        return {self.ctx.rank: MemoryBytes(weights=weight_bytes(net), gradients=gradient_bytes(net),
-                                           optimizer=planned_optimizer_bytes(self.optimizer),
-                                           activations=chain_saved_bytes(prints, 0, len(prints)),
-                                           buffers=self.planned_buffer_bytes())}
+        gradients = gradient_bytes(net)
+        passes = pass_peak(lambda: loss_fn(self.network(x), y).backward(), net, device)
+        if self.activation_samples() < self.local_samples():  # a later microbatch adds into the gradients
+            passes = max(passes, gradients + pass_peak(lambda: loss_fn(self.network(x), y).backward(), net, device,
+                                                       accumulate=True))
+        clip = clip_temporaries(self.network.parameters()) if self.clips_update and self.ctx.params.grad_clip else 0
+        held = MemoryBytes(weights=weight_bytes(net), gradients=gradients,
+                           optimizer=planned_optimizer_bytes(self.optimizer),
+                           activations=chain_saved_bytes(prints, 0, len(prints)), buffers=self.planned_buffer_bytes(),
+                           inputs=batch_bytes(train, self.local_samples()))
+        phases = {"forward and backward": passes, "communication": gradients + self.planned_hook_bytes(),
+                  "clipping": gradients + clip, "update": gradients + optimizer_step_temporaries(self.optimizer)}
+        return {self.ctx.rank: step_plan(held, phases)}
 
     def memory_held(self) -> dict[int, MemoryBytes]:
         now = MemoryBytes(weights=weight_bytes([self.network]), optimizer=optimizer_state_bytes(self.optimizer),

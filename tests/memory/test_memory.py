@@ -151,8 +151,8 @@ def test_memory_per_rank_is_in_the_spec_and_the_run_id(tmp_path):
 
 
 def test_a_run_that_does_not_fit_stops_before_its_first_step_in_one_line(tmp_path, dtbench_here):
-    """ddp on digits-mlp plans 439,204 bytes per rank, gpipe's largest stage 338,944: a 400 KB budget refuses the
-    first and trains the second. The refused run is no crash: exit 0, its folder says why, nothing trained."""
+    """ddp on digits-mlp plans 443,428 bytes per rank, gpipe's largest stage less than 400 KB: a 400 KB budget refuses
+    the first and trains the second. The refused run is no crash: exit 0, its folder says why, nothing trained."""
     path = tmp_path / "fit.toml"
     path.write_text(SUITE.format(memory='memory_per_rank = "400KB"'))
     result = dtbench_here("run", str(path), "--out", str(tmp_path))
@@ -162,22 +162,22 @@ def test_a_run_that_does_not_fit_stops_before_its_first_step_in_one_line(tmp_pat
     status = json.loads((ddp / "status.json").read_text())
     assert status["state"] == "does_not_fit"
     line = status["error"]["message"]
-    assert "\n" not in line and line.startswith("does not fit: rank 0 needs 439.2 KB > memory_per_rank 400.0 KB")
-    assert status["final"] == {"steps": 0, "planned_memory_bytes": 439_204, "memory_per_rank": 400_000}
+    assert "\n" not in line and line.startswith("does not fit: rank 0 needs 443.4 KB > memory_per_rank 400.0 KB")
+    assert status["final"] == {"steps": 0, "planned_memory_bytes": 443_428, "memory_per_rank": 400_000}
     kinds = {json.loads(line)["kind"] for line in (ddp / "metrics.jsonl").read_text().splitlines()}
     assert "train" not in kinds and "eval" not in kinds and "memory" in kinds
     done = json.loads((gpipe / "status.json").read_text())
     assert done["state"] == "completed"
-    assert done["final"]["planned_memory_bytes"] == 338_944 <= 400_000
+    assert done["final"]["planned_memory_bytes"] <= 400_000
 
     report = dtbench_here("report", str(tmp_path / "fit"))
     assert report.returncode == 0, report.stderr
     summary = pd.read_csv(tmp_path / "fit" / "report" / "summary.csv").set_index("method")
     assert summary.loc["ddp", "state"] == "does_not_fit"
-    assert summary.loc["ddp", "planned_memory_bytes"] == 439_204 and summary.loc["ddp", "memory_per_rank"] == 400_000
+    assert summary.loc["ddp", "planned_memory_bytes"] == 443_428 and summary.loc["ddp", "memory_per_rank"] == 400_000
     assert summary.loc["gpipe", "held_memory_bytes"] == 338_944
     page = (tmp_path / "fit" / "report" / "index.html").read_text()
-    assert "does not fit (needs 439.2 KB &gt; 400.0 KB)" in page
+    assert "does not fit (needs 443.4 KB &gt; 400.0 KB)" in page
     assert "Emulated device memory" in page
 
     again = dtbench_here("run", str(path), "--out", str(tmp_path), "--resume")
@@ -192,7 +192,8 @@ def test_every_run_records_its_plan_without_a_budget(tmp_path, dtbench_here):
     for run in (p.parent for p in (tmp_path / "free").glob("*/spec.json")):
         final = json.loads((run / "status.json").read_text())["final"]
         assert final["memory_per_rank"] is None
-        assert final["planned_memory_bytes"] == final["held_memory_bytes"] > 0
+        # the plan counts the step's temporaries and its batch besides what held measures by kind
+        assert final["planned_memory_bytes"] >= final["held_memory_bytes"] > 0
 
 
 def test_a_claim_on_planned_bytes_pairs_runs_that_did_not_fit():
