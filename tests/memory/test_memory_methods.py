@@ -1,6 +1,8 @@
-"""Every method's planned bytes against what its ranks measurably held: plan >= held and plan <= 1.2 x held on every
-rank, kind by kind where the plan counts a kind, over runs of every registered method and the switches that change
-what a method keeps (weight versions, lanes, the virtual mode)."""
+"""Every method's planned bytes against what its ranks measurably held: plan >= held on every rank, in total and kind
+by kind, over runs of every registered method and the switches that change what a method keeps (weight versions,
+lanes, the virtual mode). Held is the breakdown; how far the plan may sit above what a rank really held is judged
+against the allocator's peak (tests/memory/test_allocator_registry.py: plan <= 1.10 x peak), since the plan also
+counts what held does not measure by kind (the step's batch and its temporaries)."""
 
 from __future__ import annotations
 
@@ -84,14 +86,6 @@ def plans(tmp_path_factory):
     return found
 
 
-def two_lanes(index: int) -> bool:
-    """Q-FB's forward and backward lanes (threads): how far the forward lane runs ahead depends on the threads'
-    timing (a last stage measured 3 to 8 microbatches in flight at M = 4 under `bounded`), so its plan is the worst
-    case over the lanes' interleavings, an upper bound only; the same schedules on one lane are held to 1.2x."""
-    method, _world, params, _workload = RUNS[index]
-    return method == "qfb" and params.get("lanes", 2) == 2
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(RUNS)), ids=[f"{m}-{i}" for i, (m, *_) in enumerate(RUNS)])
 def test_the_plan_bounds_what_each_rank_held(plans, index):
@@ -103,8 +97,6 @@ def test_the_plan_bounds_what_each_rank_held(plans, index):
         plan, measured = planned[rank], held[rank]
         assert measured["total"] > 0
         assert plan["total"] >= measured["total"], (rank, plan, measured)
-        if not two_lanes(index):
-            assert plan["total"] <= 1.2 * measured["total"], (rank, plan, measured)
         for kind in ("weights", "gradients", "optimizer", "versions", "activations", "buffers"):
             assert plan[kind] >= measured[kind], (rank, kind, plan, measured)
 
