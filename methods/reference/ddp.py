@@ -96,10 +96,10 @@ class DDP(WholeModelMethod):
         return -(-self.local_samples() // self.microbatches)  # the largest slice torch.tensor_split cuts
 
     def _fewest_that_fit(self) -> int:
-        """'auto': the fewest k whose plan fits memory_per_rank, by bisection (a plan shrinks as k grows: it holds
-        ceil(shard / k) samples' activations). When even one sample per microbatch does not fit, k = the shard, and
-        the runner's gate refuses the run on that plan, the smallest there is. Logs the choice (kind
-        'microbatches')."""
+        """'auto': the fewest k whose plan fits memory_per_rank. A plan need not shrink as k grows (a later
+        microbatch's backward adds into gradients that already exist), so every k that cuts the shard into slices of
+        a new largest size is planned, in order, until one fits. When none does, the k of the smallest plan, on which
+        the runner's gate refuses the run. Logs the choice (kind 'microbatches')."""
         asked, budget, shard = self.ctx.params.microbatches, self.ctx.memory_per_rank, self.local_samples()
         if asked != "auto":
             return asked
@@ -113,18 +113,20 @@ class DDP(WholeModelMethod):
             finally:
                 self._microbatches = None
 
-        low, high = 1, shard  # invariant: high fits, or nothing does
-        if planned(high) <= budget:
-            while low < high:
-                middle = (low + high) // 2
-                if planned(middle) <= budget:
-                    high = middle
-                else:
-                    low = middle + 1
+        sizes: dict[int, int] = {}  # the largest slice -> the fewest k that cuts it (torch.tensor_split's sizes)
+        for k in range(1, shard + 1):
+            sizes.setdefault(-(-shard // k), k)
+        plans: dict[int, int] = {}
+        for k in sorted(sizes.values()):
+            plans[k] = planned(k)
+            if plans[k] <= budget:
+                break
+        fits = [k for k, need in plans.items() if need <= budget]
+        chosen = fits[0] if fits else min(plans, key=lambda k: (plans[k], k))
         if self.ctx.rank == 0 and self.ctx.log is not None:
-            self.ctx.log("microbatches", asked="auto", chosen=high, samples_per_microbatch=-(-shard // high),
-                         planned_bytes=planned(high), memory_per_rank=budget)
-        return high
+            self.ctx.log("microbatches", asked="auto", chosen=chosen, samples_per_microbatch=-(-shard // chosen),
+                         planned_bytes=plans[chosen], memory_per_rank=budget)
+        return chosen
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The shard as `microbatches` consecutive slices, each one's mean loss weighted by its share of the shard;
