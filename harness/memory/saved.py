@@ -15,9 +15,14 @@ from harness.memory.kinds import MEASURED_STEPS, MemoryBytes
 
 
 def saved_bytes(tensor: torch.Tensor) -> int:
-    """The bytes a saved tensor stands for: its own elements when it is a slice of a larger storage (a microbatch
-    cut from its minibatch), else its storage's."""
-    return min(tensor.untyped_storage().nbytes(), tensor.numel() * tensor.element_size())
+    """The bytes a saved tensor stands for: the span of its storage it reaches, from its first element to its last
+    (a view keeps its whole storage alive, so q, k and v split from one qkv projection stand for nearly all of it),
+    which is its own elements when it is a contiguous slice of a larger storage (a microbatch cut from its
+    minibatch), at most its storage's."""
+    if tensor.numel() == 0:
+        return 0
+    last = sum((size - 1) * abs(stride) for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
+    return min(tensor.untyped_storage().nbytes(), (last + 1) * tensor.element_size())
 
 
 class _Held:

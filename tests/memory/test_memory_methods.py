@@ -86,6 +86,15 @@ def plans(tmp_path_factory):
     return found
 
 
+#: The pipelines, whose plan walks the step's actions (methods/pipeline/core/step_bytes.py): its kinds are those of
+#: the rank's worst moment (a backward or the update, with its transient as temporaries), while held gives each kind
+#: at its own peak over the run. Activations and buffers rise and fall with the microbatches in flight, and peak at
+#: another moment than the total (one microbatch more, just before a backward frees it), so they are held, together,
+#: to what the worst moment holds for microbatches and transients. The kinds held throughout (and the gradients,
+#: whole at every backward and at the update) are compared kind by kind.
+WALKED = {"gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "pipedream", "pb", "qfb", "apapo"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(RUNS)), ids=[f"{m}-{i}" for i, (m, *_) in enumerate(RUNS)])
 def test_the_plan_bounds_what_each_rank_held(plans, index):
@@ -97,8 +106,14 @@ def test_the_plan_bounds_what_each_rank_held(plans, index):
         plan, measured = planned[rank], held[rank]
         assert measured["total"] > 0
         assert plan["total"] >= measured["total"], (rank, plan, measured)
-        for kind in ("weights", "gradients", "optimizer", "versions", "activations", "buffers"):
+        for kind in ("weights", "gradients", "optimizer", "versions"):
             assert plan[kind] >= measured[kind], (rank, kind, plan, measured)
+        if method in WALKED:  # the worst moment's microbatch bytes and transient against each kind's peak
+            moment = plan["activations"] + plan["buffers"] + plan["temporaries"]
+            assert moment >= measured["activations"] + measured["buffers"], (rank, plan, measured)
+        else:
+            for kind in ("activations", "buffers"):
+                assert plan[kind] >= measured[kind], (rank, kind, plan, measured)
 
 
 #: Runs whose policy keeps weight versions besides the live ones (stashes, predictions, copies, double buffers).

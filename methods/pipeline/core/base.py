@@ -14,8 +14,10 @@ from torch import nn
 from harness.comm.communicator import Communicator
 from harness.data.tensors import Batch, TensorData
 from harness.memory import Footprint, LossBlock, MemoryBytes, footprints
+from harness.memory.step import batch_bytes
 from harness.method import EvalResult, Method, RunContext, StepStats
 from harness.optim import make_optimizer
+from harness.schedule.held import in_flight_peaks
 from harness.schedule.ir import Action, Schedule
 from harness.trace_export import write_chrome_trace
 from methods.blocks import SUMS_WIDTH, classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
@@ -24,16 +26,17 @@ from methods.pipeline.core.codecs import Codec, make_codec
 from methods.pipeline.core.executor import Microbatches, ProcessExecutor, VirtualExecutor, Wire
 from methods.pipeline.core.memory import (
     StageCost,
+    backward_transients,
     held_bytes,
     in_flight_by_after,
-    in_flight_peaks,
     optimizer_slots,
-    stage_plan,
+    stage_terms,
 )
 from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import Placement
 from methods.pipeline.core.records import StageClock, memory_peaks, step_extra
 from methods.pipeline.core.stage import BackwardMode, Stage
+from methods.pipeline.core.step_bytes import StageTerms, rank_peaks
 from methods.pipeline.core.versions import WeightPolicy
 from methods.pipeline.core.views import split_sizes, stage_views
 
@@ -46,6 +49,8 @@ class PipelineMethod(Method):
     family = "pipeline"
     Params: ClassVar[type[PipelineParams]] = PipelineParams
     backward_mode: ClassVar[BackwardMode] = "graph"
+    #: Whether the schedule splits backwards into B and W (zero-bubble): a B keeps its graph for the W.
+    backward_split: ClassVar[bool] = False
     #: Replicas' gradients at a sync: summed (a flushed pipeline's loss scales already weigh each microbatch) or
     #: averaged over the minibatches they ran (an asynchronous pipeline whose every minibatch has scale 1).
     sync_mean: ClassVar[bool] = False
@@ -213,7 +218,9 @@ class PipelineMethod(Method):
         train, device = self.ctx.workload.train, self.ctx.device
         index = torch.arange(min(len(train), max(self.microbatch_sizes())))
         loss = LossBlock(self.ctx.workload.loss, train.targets(index).to(device))
-        return footprints([*blocks, loss], train.inputs(index).to(device), detach_inputs=True)
+        prints = footprints([*blocks, loss], train.inputs(index).to(device), detach_inputs=True)
+        self._transients = backward_transients(blocks, train.inputs(index).to(device), loss, prints)
+        return prints
 
     def schedule_at(self, step: int) -> Schedule:
         """The actions train_step runs at `step`, one list per rank (the memory plan walks the first steps')."""
@@ -238,19 +245,31 @@ class PipelineMethod(Method):
         return 0
 
     def memory_plan(self) -> dict[int, MemoryBytes] | None:
-        """Per rank (every rank in the virtual mode), its stages' planned bytes, each stage holding the most
-        microbatches its schedule ever has it hold over the first 4S + 4 steps (core/memory.py). None for a
-        pipeline that does not give its step schedules (a plug-in without schedule_at): it plans nothing."""
+        """Per rank (every rank in the virtual mode), its stages' planned bytes: the first 4S + 4 steps' schedules
+        walked with each stage's profiled terms (core/step_bytes.py: what each action allocates and frees, as the
+        executor runs it), the worst moment of each rank on top of what it holds throughout. None for a pipeline
+        that does not give its step schedules (a plug-in without schedule_at): it plans nothing."""
         try:
             steps = [self.schedule_at(t) for t in range(4 * self.num_stages + 4)]
         except NotImplementedError:
             return None
         peaks = in_flight_peaks(steps, self.forward_lane())
-        out: dict[int, MemoryBytes] = {}
-        for (rank, s), stage in sorted(self.workers.items()):
-            out[rank] = out.get(rank, MemoryBytes()) + stage_plan(stage, self.ranges[s], self._prints,
-                                                                  peaks.get((rank, s), 0))
-        return out
+        terms = {(rank, s): self.stage_terms(stage, peaks.get((rank, s), 0))
+                 for (rank, s), stage in sorted(self.workers.items())}
+        return rank_peaks(steps, terms, self.forward_lane())
+
+    def stage_terms(self, stage: Stage, held: int) -> StageTerms:
+        """The terms of `stage` holding up to `held` microbatches (core/memory.py's stage_terms over its
+        blocks' profiles, the wire's codecs and its optimizer)."""
+        return stage_terms(self._prints, self.ranges[stage.index], stage.first, stage.last, [stage.module],
+                           stage.optimizer, self.make_codec("act"), self.make_codec("grad"),
+                           self.batch_bytes(stage.first, stage.last), split=self.backward_split,
+                           versions=stage.policy.planned_versions(held) * stage.param_bytes,
+                           recompute=stage.backward_mode == "current", transients=self._transients)
+
+    def batch_bytes(self, first: bool, last: bool) -> int:
+        """A step's inputs (first stage) and labels (last stage) as the rank loads them."""
+        return batch_bytes(self.ctx.workload.train, self.ctx.params.batch_size, inputs=first, targets=last)
 
     def memory_held(self) -> dict[int, MemoryBytes]:
         out: dict[int, MemoryBytes] = {}

@@ -49,13 +49,14 @@ def step_extra(traces: list[Trace], virtual: bool) -> dict[str, Any]:
 
 
 def memory_peaks(workers: Mapping[tuple[int, int], Stage]) -> dict[str, list[int]]:
-    """Per stage held here (the max over its replicas in the virtual mode): the peak activation bytes,
-    microbatches and weight-version bytes of this step (the stages' peaks are reset)."""
+    """Per stage held here (the max over its replicas in the virtual mode): the peak activation bytes (autograd's
+    saved tensors with the stage's kept inputs and outputs), microbatches and weight-version bytes of this step
+    (the stages' peaks are reset)."""
     peaks: dict[int, list[int]] = {}
     for (_, s), stage in workers.items():
         peak = stage.take_peak()
         row = peaks.setdefault(s, [0, 0, 0])
-        row[:] = [max(row[0], peak.activation_bytes), max(row[1], peak.microbatches),
+        row[:] = [max(row[0], peak.activation_bytes + peak.buffer_bytes), max(row[1], peak.microbatches),
                   max(row[2], peak.weight_bytes)]
     order = sorted(peaks)
     return {"stages": order, "peak_activation_bytes": [peaks[s][0] for s in order],

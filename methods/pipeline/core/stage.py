@@ -35,6 +35,7 @@ class _Saved:
     version: int
     weights: dict[str, torch.Tensor] | None
     activation_bytes: int
+    buffer_bytes: int = 0  # the received input and the output sent on, kept until the backward (MemoryBytes.buffers)
     targets: torch.Tensor | None = None
     scale: float = 1.0
     cells: list[list[torch.Tensor | None]] | None = None  # what the saved-tensor hooks packed (_SavedBytes)
@@ -47,14 +48,17 @@ class _SavedBytes:
     Python's collector cannot see, which a graph kept by `retain_graph` (zero-bubble's B) would never free."""
 
     def __init__(self, exclude: set[int]):
-        self.exclude, self.seen, self.total = exclude, set(), 0
+        self.exclude, self.seen = exclude, {}
         self.cells: list[list[torch.Tensor | None]] = []
+
+    @property
+    def total(self) -> int:
+        return sum(self.seen.values())
 
     def pack(self, tensor: torch.Tensor) -> list[torch.Tensor | None]:
         pointer = tensor.untyped_storage().data_ptr()
         if pointer not in self.exclude and pointer not in self.seen:
-            self.seen.add(pointer)
-            self.total += saved_bytes(tensor)
+            self.seen[pointer] = saved_bytes(tensor)
         cell: list[torch.Tensor | None] = [tensor]
         self.cells.append(cell)
         return cell
@@ -76,17 +80,20 @@ def drop(cells: list[list[torch.Tensor | None]] | None) -> None:
 @dataclass
 class HeldBytes:
     """What a stage held at its peak since the last reset: activation bytes kept for backwards (autograd's saved
-    tensors, or the stored inputs in `current` mode), microbatches in flight, and weight bytes of versions held
-    besides the live weights (stashes, predictions)."""
+    tensors besides the stage's input and output), microbatches in flight, weight bytes of versions held besides the
+    live weights (stashes, predictions), and buffer bytes: the received inputs (the stored inputs in `current` mode)
+    and the outputs sent on that the stage keeps for its backwards (the plan's buffers: the messages' tensors)."""
 
     activation_bytes: int = 0
     microbatches: int = 0
     weight_bytes: int = 0
+    buffer_bytes: int = 0
 
     def peak(self, other: HeldBytes) -> HeldBytes:
         """Each field's larger value."""
         return HeldBytes(max(self.activation_bytes, other.activation_bytes),
-                         max(self.microbatches, other.microbatches), max(self.weight_bytes, other.weight_bytes))
+                         max(self.microbatches, other.microbatches), max(self.weight_bytes, other.weight_bytes),
+                         max(self.buffer_bytes, other.buffer_bytes))
 
 
 class Stage:
@@ -107,8 +114,8 @@ class Stage:
         self.clip_norm: float | None = None  # grad_clip, where the stage clips its own gradient (PipelineMethod)
         self.param_bytes = sum(p.numel() * p.element_size() for p in self._params.values())
         self._saved: dict[Key, _Saved] = {}
-        # B done, W not yet: its graph's state, its bytes, its saved tensors' cells
-        self._weight_pending: dict[Key, tuple[list, int, list | None]] = {}
+        # B done, W not yet: its graph's state, its activation and buffer bytes, its saved tensors' cells
+        self._weight_pending: dict[Key, tuple[list, int, int, list | None]] = {}
         self.loss_sum = 0.0  # the loss accumulated by the last stage since the last `take_loss`
         self.backwards_since_update = 0
         self.peak = HeldBytes()  # since the last take_peak (a step's)
@@ -126,17 +133,21 @@ class Stage:
         if self.backward_mode == "current":
             with torch.no_grad():
                 out = self._run(x, weights, y, scale)
-            self._saved[key] = _Saved(x, None, version, None, x.numel() * x.element_size(), y, scale)
+            self._saved[key] = _Saved(x, None, version, None, 0, 0 if self.first else tensor_bytes([x]), y, scale)
         else:
             if not self.first:
                 x = x.detach().requires_grad_(True)
-            exclude = {p.untyped_storage().data_ptr() for p in self._params.values()}
+            # the weights are held anyway, the input as the received message (or the batch), the output as the sent
+            exclude = {p.untyped_storage().data_ptr() for p in self._params.values()} | {x.untyped_storage().data_ptr()}
             if weights is not None:
                 exclude |= {w.untyped_storage().data_ptr() for w in weights.values()}
             counter = _SavedBytes(exclude)
             with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
                 out = self._run(x, weights, y, scale)
-            self._saved[key] = _Saved(x, out, version, weights, counter.total, cells=counter.cells)
+            if not self.last:
+                counter.seen.pop(out.untyped_storage().data_ptr(), None)
+            kept = (0 if self.first else tensor_bytes([x])) + (0 if self.last else tensor_bytes([out]))
+            self._saved[key] = _Saved(x, out, version, weights, counter.total, kept, cells=counter.cells)
         if self.last:
             self.loss_sum += out.item()
         self._note_memory()
@@ -207,7 +218,7 @@ class Stage:
             raise RuntimeError(f"stage {self.index}: a split backward differentiates the live weights only")
         grads, groups = stage_backward_input([saved.output], None if grad_output is None else [grad_output],
                                              [saved.inputs], iter(self._params.values()))
-        self._weight_pending[key] = (groups, saved.activation_bytes, saved.cells)
+        self._weight_pending[key] = (groups, saved.activation_bytes, saved.buffer_bytes, saved.cells)
         return grads[0]
 
     def backward_weight(self, key: Key) -> None:
@@ -215,7 +226,7 @@ class Stage:
         .grad (stage_backward_weight); nothing on the first stage (its B did it)."""
         if self.first:
             return
-        groups, _, cells = self._weight_pending.pop(key)
+        groups, _, _, cells = self._weight_pending.pop(key)
         stage_backward_weight(iter(self._params.values()), groups)
         drop(cells)
         self.policy.backward_done(key[1])
@@ -275,11 +286,12 @@ class Stage:
         """What the stage holds now for backwards still to come (a snapshot of the saved microbatches, taken in one
         step, so that another thread may add or remove one meanwhile)."""
         saved = list(self._saved.values())
-        pending = [size for _, size, _ in list(self._weight_pending.values())]  # a W still to run holds its graph
+        pending = list(self._weight_pending.values())  # a W still to run holds its graph, its input and output
         weights = {id(s.weights) for s in saved if s.weights is not None}
         versions = max(len(weights), self.policy.held())
-        return HeldBytes(sum(s.activation_bytes for s in saved) + sum(pending), len(saved) + len(pending),
-                         versions * self.param_bytes)
+        return HeldBytes(sum(s.activation_bytes for s in saved) + sum(p[1] for p in pending),
+                         len(saved) + len(pending), versions * self.param_bytes,
+                         sum(s.buffer_bytes for s in saved) + sum(p[2] for p in pending))
 
     def _note_memory(self) -> None:
         now = self.held()

@@ -21,3 +21,4 @@ class ZBH1(ExchangedPipeline):
     name = "zb-h1"
     summary = "ZB-H1 zero-bubble pipeline: 1F1B with split backward, W deferred (Qi et al. 2024)"
     make_schedule = staticmethod(schedule.zb_h1)
+    backward_split = True

@@ -1,0 +1,198 @@
+"""A pipeline rank's bytes through its steps, as a handler of the one walk: each stage's profiled terms (StageTerms)
+added and released by the actions that allocate and free them, as the executor runs them, the peak with each
+action's transients on top."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from harness.memory import MemoryBytes
+from harness.schedule.ir import RECEIVES, SENDS, Action, Op, Schedule, split_lanes
+from harness.schedule.walk import Handler, walk
+
+
+@dataclass(frozen=True)
+class StageTerms:
+    """One stage replica's bytes, from its blocks' profiles on a full microbatch. Held throughout: `weights`
+    (parameters and buffers), `optimizer` (its state) and `versions` (the weight versions its policy keeps, for
+    the microbatches it holds). Per microbatch: `saved`, what autograd saves for its backward besides the stage's
+    input and output storages (held from its forward to its backward, or to its W); `output`, the output tensor
+    (not on the last stage: sent on, kept as the send's buffer until the executor retires it, one step later, and
+    by the stage until its backward, whichever is later);
+    `input`, the received activation the forward starts from (not on the first stage: its receive buffer, posted at
+    the step's start, then the stage's saved input until the backward); `recv_act`/`recv_grad`, the payloads of
+    the received activation and gradient (the wire codec's bytes); `send_act`/`send_grad`, a send's encoded
+    payload where the codec copies (int8, fp16; a plain send is the tensor itself); `grad_input`, the input's
+    gradient a backward sends back (kept as the send's buffer); `retained`, what a zero-bubble B keeps for its W
+    besides `saved` (the gradients at the weights' graph nodes). Per step: `gradients` (one per parameter, from the
+    step's first backward to its update) and `batch` (the first stage's inputs, the last stage's labels). Transients:
+    `backward_temps` (a backward's own, beyond its gradients) and `update_temps` (the optimizer's step)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    saved: int
+    output: int = 0
+    input: int = 0
+    recv_act: int = 0
+    recv_grad: int = 0
+    send_act: int = 0
+    send_grad: int = 0
+    grad_input: int = 0
+    retained: int = 0
+    batch: int = 0
+    backward_temps: int = 0
+    update_temps: int = 0
+    versions: int = 0
+
+
+@dataclass
+class _Live:
+    """One worker's bytes now, by kind, and what its in-flight microbatches and messages hold."""
+
+    gradients: int = 0
+    activations: int = 0
+    buffers: int = 0
+    inputs: int = 0
+    owed: dict[tuple, int] = field(default_factory=dict)  # (stage, key) -> activation bytes its backward frees
+    messages: dict[tuple, int] = field(default_factory=dict)  # (step, what, stage, key) -> buffer bytes
+    graded: set[int] = field(default_factory=set)  # stages whose gradients exist (since their last update)
+
+    def total(self) -> int:
+        return self.gradients + self.activations + self.buffers + self.inputs
+
+
+class StepBytes(Handler[tuple[int, Action]]):
+    """Walks each worker's actions of several steps ((step, action) pairs) with `terms[(worker, stage)]`: a step's
+    receives are posted at its start (their payloads held until the backward that consumes them), a send's
+    buffer is kept until the end of the next step (the executor's retire), a forward holds its microbatch's
+    activations until its backward (or W), the gradients exist from a stage's first backward to its update.
+    `peaks[worker]` is the worker's bytes at its worst moment, by kind (temporaries: the transient of the action
+    running then), besides what it holds throughout (weights, optimizer state, versions)."""
+
+    def __init__(self, terms: Mapping[tuple[int, int], StageTerms], receives: Mapping[tuple[int, int], list[Action]]):
+        self.terms, self.receives = terms, receives
+        self.live: dict[int, _Live] = {}
+        self.step: dict[int, int] = {}
+        self.peaks: dict[int, MemoryBytes] = {}
+
+    def _note(self, worker: int, live: _Live, transient: int = 0) -> None:
+        now = MemoryBytes(gradients=live.gradients, activations=live.activations, buffers=live.buffers,
+                          inputs=live.inputs, temporaries=transient)
+        if worker not in self.peaks or now.total > self.peaks[worker].total:
+            self.peaks[worker] = now
+
+    def _begin(self, worker: int, step: int, live: _Live) -> None:
+        """A new step: the sends of two steps back are retired, the step's receives posted, its batch loaded."""
+        for key in [k for k in live.messages if k[0] <= step - 2 and k[1] == "send"]:
+            if key[-1] == "out" and (key[2], key[3]) in live.owed:  # the stage keeps its output until the backward
+                live.messages[(key[2], key[3], "kept")] = live.messages.pop(key)
+            else:
+                live.buffers -= live.messages.pop(key)
+        live.inputs = sum(t.batch for (w, _), t in self.terms.items() if w == worker)
+        for a in self.receives.get((worker, step), []):
+            t = self.terms.get((worker, a.stage))
+            if t is None:
+                continue
+            size = t.recv_act if a.op is Op.RECV_ACT else t.recv_grad
+            live.messages[(step, a.op, a.stage, a.key)] = size
+            live.buffers += size
+
+    def run(self, worker: int, item: tuple[int, Action]) -> Sequence[int]:
+        step, a = item
+        live = self.live.setdefault(worker, _Live())
+        if self.step.get(worker) != step:
+            self.step[worker] = step
+            self._begin(worker, step, live)
+        t = self.terms.get((worker, a.stage))
+        if t is None or a.op is Op.SYNC_GRADS:
+            self._note(worker, live)
+            return (worker,)
+        transient = 0
+        if a.op in RECEIVES:  # posted at the step's start: a plain payload is the tensor, a codec's is decoded
+            k = (step, a.op, a.stage, a.key)
+            if k in live.messages:
+                decoded = t.input if a.op is Op.RECV_ACT else t.output
+                live.buffers += decoded - live.messages[k]
+                live.messages[k] = decoded
+        elif a.op in SENDS:
+            extra = t.send_act if a.op is Op.SEND_ACT else t.send_grad
+            if extra:
+                live.messages[(step, "send", a.stage, a.key, a.op)] = extra
+                live.buffers += extra
+        elif a.op is Op.FORWARD:
+            live.owed[(a.stage, a.key)] = t.saved
+            live.activations += t.saved
+            if t.output:  # the output leaves as the send's buffer: kept until the executor retires it
+                live.messages[(step, "send", a.stage, a.key, "out")] = t.output
+                live.buffers += t.output
+        elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT):
+            releases = a.op is not Op.BACKWARD_INPUT or t.input == 0  # the first stage's B is its whole backward
+            if a.op is not Op.BACKWARD_WEIGHT:
+                for k in [k for k in live.messages if k[1] in RECEIVES and k[2] == a.stage and k[3] == a.key]:
+                    if k[1] is Op.RECV_GRAD or releases:
+                        live.buffers -= live.messages.pop(k)
+                if t.grad_input:
+                    live.messages[(step, "send", a.stage, a.key, "dx")] = t.grad_input
+                    live.buffers += t.grad_input
+            if releases and a.stage not in live.graded:
+                live.graded.add(a.stage)
+                live.gradients += t.gradients
+            transient = t.backward_temps
+            self._note(worker, live, transient)
+            if releases:
+                live.activations -= live.owed.pop((a.stage, a.key), 0)
+                live.buffers -= live.messages.pop((a.stage, a.key, "kept"), 0)
+                for k in [k for k in live.messages if k[1] is Op.RECV_ACT and k[2] == a.stage and k[3] == a.key]:
+                    live.buffers -= live.messages.pop(k)
+                if a.op is Op.BACKWARD_WEIGHT:
+                    live.activations -= t.retained
+            elif a.op is Op.BACKWARD_INPUT:
+                live.activations += t.retained
+        elif a.op is Op.UPDATE:
+            transient = t.update_temps
+            self._note(worker, live, transient)
+            if a.stage in live.graded:
+                live.graded.discard(a.stage)
+                live.gradients -= t.gradients
+        self._note(worker, live)
+        return (worker,)
+
+
+def rank_peaks(steps: Iterable[Schedule], terms: Mapping[tuple[int, int], StageTerms], lanes: bool = False
+               ) -> dict[int, MemoryBytes]:
+    """Each worker's plan over the steps' schedules run in order (each worker's actions in its list's order; with
+    `lanes`, a step's forward lane taken first, as Q-FB may run it): what its stages hold throughout (weights,
+    optimizer state, versions) plus the StepBytes walk's worst moment."""
+    workers: dict[int, list[tuple[int, Action]]] = {}
+    receives: dict[tuple[int, int], list[Action]] = {}
+    for step, schedule in enumerate(steps):
+        for worker, actions in enumerate(schedule):
+            if lanes:
+                actions = [a for lane in split_lanes(actions) for a in lane]
+            workers.setdefault(worker, []).extend((step, a) for a in actions)
+            receives[(worker, step)] = [a for a in actions if a.op in RECEIVES]
+    for worker in {w for w, _ in terms}:
+        workers.setdefault(worker, [])
+    handler = StepBytes(terms, receives)
+    order = sorted(workers)
+    walk([workers[w] for w in order], _Renamed(handler, order))
+    out: dict[int, MemoryBytes] = {}
+    for (worker, _), t in sorted(terms.items()):
+        held = MemoryBytes(weights=t.weights, optimizer=t.optimizer, versions=t.versions)
+        out[worker] = out.get(worker, MemoryBytes()) + held
+    for worker in out:
+        out[worker] = out[worker] + handler.peaks.get(worker, MemoryBytes())
+    return out
+
+
+class _Renamed(Handler[tuple[int, Action]]):
+    """The walk's worker indices as the schedule's workers."""
+
+    def __init__(self, inner: StepBytes, workers: list[int]):
+        self.inner, self.workers = inner, workers
+
+    def run(self, worker: int, item: tuple[int, Action]) -> Sequence[int]:
+        self.inner.run(self.workers[worker], item)
+        return (worker,)
