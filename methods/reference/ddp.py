@@ -6,6 +6,7 @@ import contextlib
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 from pydantic import Field, field_validator
 from torch.nn.parallel import DistributedDataParallel
 
@@ -56,7 +57,14 @@ class DDP(WholeModelMethod):
         self._microbatches: int | None = None  # k, 'auto' resolved on first use (the plan's, or the first step's)
         model = ctx.workload.make_model().to(ctx.device)
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        self.model = DistributedDataParallel(model, device_ids=device_ids, process_group=ctx.comm.group)
+        # DDP's own start-up sync broadcasts the weights as one flat copy, which gloo's worker thread may free where
+        # the allocator's meter cannot see it (harness/memory/peak.py): the same sync, one tensor at a time, in place
+        self.model = DistributedDataParallel(model, device_ids=device_ids, process_group=ctx.comm.group,
+                                             init_sync=False)
+        source = dist.get_global_rank(ctx.comm.group, 0) if ctx.comm.group is not None else 0
+        with torch.no_grad():
+            for tensor in (*model.parameters(), *model.buffers()):
+                dist.broadcast(tensor, source, group=ctx.comm.group)
         self.register_hook()
         self.optimizer = make_optimizer(self.model.parameters(), ctx.params)
 
