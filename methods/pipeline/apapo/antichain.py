@@ -136,8 +136,9 @@ def predict(graph: LayerGraph, hardware: Hardware, prefixes: Sequence[int], grou
     return GraphPlan(tuple(stages), max(max(s.predicted_s, s.transfer_s) for s in stages))
 
 
-#: A stage's bytes per replica: (its nodes as a mask, replicas, stages after it, whether it is the only stage).
-StageBytes = Callable[[int, int, int, bool], int]
+#: A stage's bytes per replica: (the down-set before it, 0 for none; the down-set it completes, both as masks;
+#: replicas; stages after it). The stage computes the second minus the first.
+StageBytes = Callable[[int, int, int, int], int]
 
 
 def antichain_partition(graph: LayerGraph, hardware: Hardware, max_stages: int | None = None,
@@ -209,8 +210,7 @@ def _solve(graph: LayerGraph, states: list[int], hardware: Hardware, max_stages:
     limited = memory is not None and budget is not None
 
     def fits(k: int, j: int, count: int, after: int) -> bool:
-        mask = states[j] & ~(states[k] if k >= 0 else 0)
-        return not limited or memory(mask, count, after, k < 0 and after == 0) <= budget
+        return not limited or memory(states[k] if k >= 0 else 0, states[j], count, after) <= budget
 
     count, workers = len(states), hardware.workers
     compute = [math.fsum(graph.profiles[i].compute_s for i in members(m)) for m in states]

@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from harness.data.tensors import Batch
-from harness.memory import DoesNotFit
+from harness.memory import DoesNotFit, LossBlock
 from harness.method import RunContext, StepStats
 from harness.schedule.ir import Schedule
 from harness.split import uniform_split
@@ -22,7 +22,7 @@ from methods.pipeline.apapo import antichain, layers
 from methods.pipeline.apapo import schedule as schedules
 from methods.pipeline.apapo.graph import LayerGraph
 from methods.pipeline.apapo.hardware import hardware_for
-from methods.pipeline.apapo.memory import GraphMemory, node_saved, shapes, stage_bytes
+from methods.pipeline.apapo.memory import GraphMemory, shapes, stage_bytes
 from methods.pipeline.apapo.plan import LayerPlan, agree
 from methods.pipeline.apapo.weights import DoubleBuffered
 from methods.pipeline.compensation.prediction import NO_VELOCITY
@@ -198,12 +198,12 @@ class APapo(PipelineMethod):
         p = self.ctx.params
         return schedules.version_delays(stages, p.microbatches, p.iterations_in_flight, p.delays)
 
-    def make_optimizer(self, stage: int, module: nn.Module) -> torch.optim.Optimizer:
-        """With compensation 'sc': spike-compensated SGD for the stage's delay; else the run's SGD."""
+    def make_optimizer(self, stage: int, module: nn.Module, delay: int | None = None) -> torch.optim.Optimizer:
+        """With compensation 'sc': spike-compensated SGD for the stage's delay (or `delay`); else the run's SGD."""
         p = self.ctx.params
         if p.compensation == "none":
             return super().make_optimizer(stage, module)
-        delay = self.stage_delays(self.num_stages)[stage]
+        delay = self.stage_delays(self.num_stages)[stage] if delay is None else delay
         return SpikeCompensatedSGD(module.parameters(), lr=p.applied_lr, momentum=p.applied_momentum, delay=delay,
                                    weight_decay=p.weight_decay)
 
@@ -239,23 +239,26 @@ class APapo(PipelineMethod):
         return list(layers.split(traced, self.layer_plan.prefixes))
 
     def _graph_memory(self, traced: layers.TracedModel) -> GraphMemory:
-        """The planner's price of a down-set stage (apapo/memory.py), from every layer's saved activations on the
-        run's largest microbatch."""
-        train, workers = self.ctx.workload.train, self.planned_workers(self.ctx.world_size, self.ctx.params)
+        """The planner's price of a down-set stage (apapo/memory.py): built and profiled on the run's largest
+        microbatch, priced by the runner's terms (planned_terms) and walk (stage_walk)."""
+        train, device = self.ctx.workload.train, self.ctx.device
         index = torch.arange(min(len(train), max(self.microbatch_sizes())))
-        example = train.inputs(index).to(self.ctx.device)
-        saved = node_saved(traced, example, self.ctx.workload.loss, train.targets(index).to(self.ctx.device))
-        return GraphMemory(self.stage_cost(workers), traced.graph, saved)
+        walk = self.stage_walk(self.planned_workers(self.ctx.world_size, self.ctx.params))  # APapo gives its step
+        return GraphMemory(walk, traced, train.inputs(index).to(device), LossBlock(  # type: ignore[arg-type]
+            self.ctx.workload.loss, train.targets(index).to(device)), lambda prints, transients, module, i, first,
+            after, held: self.planned_terms(prints, transients, module, (i, i + 1), first, after, held))
+
+    def planned_delay(self, after: int) -> int:
+        """The delay D of a stage with `after` stages after it (stage_delays' rule, by its place from the end)."""
+        p, most = self.ctx.params, self.ctx.params.iterations_in_flight - 1
+        return min(most, -(-after // p.microbatches)) if p.delays == "per_stage" else most
 
     def planned_stage_versions(self, after: int, alone: bool, held: int) -> int:
-        """D + 1 double-buffered versions at a stage of delay D > 0 (stage_delays' rule, by its place from the
-        end), none at D = 0."""
-        p = self.ctx.params
-        if alone:
-            return 0
-        delay = p.iterations_in_flight - 1 if p.delays == "uniform" else \
-            min(p.iterations_in_flight - 1, -(-after // p.microbatches))
-        return delay + 1 if delay > 0 else 0
+        """D + 1 double-buffered versions at a stage of delay D > 0, none at D = 0."""
+        return 0 if alone or self.planned_delay(after) == 0 else self.planned_delay(after) + 1
+
+    def plan_optimizer(self, module: nn.Module, after: int) -> torch.optim.Optimizer:
+        return self.make_optimizer(0, module, delay=self.planned_delay(after))
 
     def _solve(self, traced: layers.TracedModel, hardware: antichain.Hardware, workers: int, memory: GraphMemory
                ) -> tuple[list[int], list[tuple[int, ...]], dict[str, Any]]:
@@ -294,7 +297,7 @@ class APapo(PipelineMethod):
                 first += r
         predicted = antichain.predict(graph, hardware, prefixes, groups)
         record["memory"] = {"memory_per_rank": budget, "stage_bytes": stage_bytes(predicted, memory),
-                            "held_microbatches": [memory.cost.held(len(g), len(groups) - 1 - i)
+                            "held_microbatches": [memory.walk.held(len(g), len(groups) - 1 - i)
                                                   for i, g in enumerate(groups)],
                             "candidates": shapes(graph, hardware, workers, params.stages, predicted, memory, budget)}
         record["predicted"] = {"slowest_s": predicted.slowest_s,

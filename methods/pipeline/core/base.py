@@ -11,7 +11,6 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from harness.comm.communicator import Communicator
 from harness.data.tensors import Batch, TensorData
 from harness.memory import Footprint, LossBlock, MemoryBytes, footprints
 from harness.memory.step import batch_bytes
@@ -21,19 +20,12 @@ from harness.schedule.held import in_flight_peaks
 from harness.schedule.ir import Action, Schedule
 from harness.trace_export import write_chrome_trace
 from methods.blocks import SUMS_WIDTH, classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
-from methods.pipeline.core import planning
+from methods.pipeline.core import plan_memory, planning
 from methods.pipeline.core.codecs import Codec, make_codec
 from methods.pipeline.core.executor import Microbatches, ProcessExecutor, VirtualExecutor, Wire
-from methods.pipeline.core.memory import (
-    StageCost,
-    backward_transients,
-    held_bytes,
-    in_flight_by_after,
-    optimizer_slots,
-    stage_terms,
-)
+from methods.pipeline.core.memory import StageWalk, backward_transients, held_bytes, stage_terms
 from methods.pipeline.core.params import PipelineParams
-from methods.pipeline.core.placement import Placement
+from methods.pipeline.core.placement import Placement, replica_comms
 from methods.pipeline.core.records import StageClock, memory_peaks, step_extra
 from methods.pipeline.core.stage import BackwardMode, Stage
 from methods.pipeline.core.step_bytes import StageTerms, rank_peaks
@@ -165,11 +157,13 @@ class PipelineMethod(Method):
         params = self.ctx.params
         auto = params.replicas == "auto"
         replicas = params.replicas if isinstance(params.replicas, list) else None
-        most = min(len(blocks), max(self.ctx.world_size, stages or 1))
+        walk = self.stage_walk(min(len(blocks), max(self.ctx.world_size, stages or 1)))
+        memory = walk and plan_memory.ChainMemory(walk, lambda a, b, after, held: self.planned_terms(
+            self._prints, self._transients, nn.Sequential(*blocks[a:b]), (a, b), a == 0, after, held))
         return planning.make_plan(blocks, example, params.partition, params.stages if auto else stages,
                                   replicas or (None if auto else [1] * stages), self.ctx.world_size,
-                                  params.bandwidth, self.ctx.comm, auto_replicas=auto, cost=self.stage_cost(most),
-                                  prints=self._prints, budget=self.ctx.memory_per_rank)
+                                  params.bandwidth, self.ctx.comm, auto_replicas=auto, memory=memory,
+                                  budget=self.ctx.memory_per_rank)
 
     def executor_options(self) -> dict[str, Any]:
         """Extra keyword arguments of this rank's ProcessExecutor (e.g. overlap; default none)."""
@@ -200,9 +194,9 @@ class PipelineMethod(Method):
         if self.virtual:
             self.executor: Any = VirtualExecutor(self.workers, self.placement, wire, self.sync_mean)
         else:
-            replica_comms = self._replica_comms(ctx.comm)
+            comms = replica_comms(ctx.comm, self.placement)
             mine = {s: stage for (_, s), stage in self.workers.items()}
-            self.executor = ProcessExecutor(ctx.rank, mine, ctx.comm, self.placement, wire, replica_comms,
+            self.executor = ProcessExecutor(ctx.rank, mine, ctx.comm, self.placement, wire, comms,
                                             self.sync_mean, **self.executor_options())
         self.clock = StageClock(self.num_stages)
         if ctx.rank == 0:
@@ -230,19 +224,26 @@ class PipelineMethod(Method):
         """Whether a rank runs its forwards on a lane of their own, beside its backwards (default: one lane)."""
         return False
 
-    def stage_cost(self, stages: int) -> StageCost:
-        """The planners' price of a candidate stage in a pipeline of up to `stages` stages (core/memory.py): the
-        microbatches each position holds, walked from the method's own steady-state step."""
-        step = None
-        if stages > 1:
-            step = type(self).step_schedule(stages, getattr(self.ctx.params, "microbatches", 1))
-        in_flight = in_flight_by_after(step, self.forward_lane()) if step is not None else (1,)
-        return StageCost(in_flight, optimizer_slots(self.ctx.params), self.planned_stage_versions)
+    def stage_walk(self, stages: int) -> StageWalk | None:
+        """The planners' walk of a candidate stage in a pipeline of up to `stages` stages (core/memory.py), from the
+        method's own steady-state step (None: it gives none, and the planners price nothing)."""
+        step = type(self).step_schedule(max(stages, 1), getattr(self.ctx.params, "microbatches", 1))
+        return StageWalk(step, self.forward_lane()) if step is not None else None
 
     def planned_stage_versions(self, after: int, alone: bool, held: int) -> int:
-        """The weight versions a stage with `after` stages after it keeps while holding `held` microbatches, for
-        the planners (its policy's planned_versions once it exists; default: none, the live weights only)."""
+        """A candidate stage's policy's planned_versions (`after` stages after it; default: the live weights only)."""
         return 0
+
+    def plan_optimizer(self, module: nn.Module, after: int) -> torch.optim.Optimizer:
+        """The optimizer a candidate stage with `after` stages after it would have (default: make_optimizer's)."""
+        return self.make_optimizer(0, module)
+
+    def planned_terms(self, prints: list[Footprint], transients: list[int], module: nn.Module,
+                      blocks: tuple[int, int], first: bool, after: int, held: int) -> StageTerms:
+        """A candidate stage's terms for the planners, priced as stage_terms prices a built one: blocks [a, b) of
+        the chain `prints` profiles, as `module`, with `after` stages after it, holding up to `held` microbatches."""
+        return self._terms(prints, transients, module, blocks, first, after == 0, self.plan_optimizer(module, after),
+                           self.planned_stage_versions(after, first and after == 0, held))
 
     def memory_plan(self) -> dict[int, MemoryBytes] | None:
         """Per rank (every rank in the virtual mode), its stages' planned bytes: the first 4S + 4 steps' schedules
@@ -259,13 +260,17 @@ class PipelineMethod(Method):
         return rank_peaks(steps, terms, self.forward_lane())
 
     def stage_terms(self, stage: Stage, held: int) -> StageTerms:
-        """The terms of `stage` holding up to `held` microbatches (core/memory.py's stage_terms over its
-        blocks' profiles, the wire's codecs and its optimizer)."""
-        return stage_terms(self._prints, self.ranges[stage.index], stage.first, stage.last, [stage.module],
-                           stage.optimizer, self.make_codec("act"), self.make_codec("grad"),
-                           self.batch_bytes(stage.first, stage.last), split=self.backward_split,
-                           versions=stage.policy.planned_versions(held) * stage.param_bytes,
-                           recompute=stage.backward_mode == "current", transients=self._transients)
+        """The terms of `stage` holding up to `held` microbatches (core/memory.py's stage_terms)."""
+        return self._terms(self._prints, self._transients, stage.module, self.ranges[stage.index], stage.first,
+                           stage.last, stage.optimizer, stage.policy.planned_versions(held))
+
+    def _terms(self, prints: list[Footprint], transients: list[int], module: nn.Module, blocks: tuple[int, int],
+               first: bool, last: bool, optimizer: torch.optim.Optimizer, versions: int) -> StageTerms:
+        params = sum(p.numel() * p.element_size() for p in module.parameters())
+        return stage_terms(prints, blocks, first, last, [module], optimizer, self.make_codec("act"),
+                           self.make_codec("grad"), self.batch_bytes(first, last), split=self.backward_split,
+                           versions=versions * params, recompute=self.backward_mode == "current",
+                           transients=transients)
 
     def batch_bytes(self, first: bool, last: bool) -> int:
         """A step's inputs (first stage) and labels (last stage) as the rank loads them."""
@@ -304,17 +309,6 @@ class PipelineMethod(Method):
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """The optimizer of every stage replica on this rank (every replica of every stage in the virtual mode)."""
         return [stage.optimizer for _, stage in sorted(self.workers.items())]
-
-    def _replica_comms(self, comm: Communicator) -> dict[int, Communicator]:
-        """A communicator per replicated stage, over its replicas (collective: every rank creates every group)."""
-        comms = {}
-        for s in range(self.num_stages):
-            group = list(self.placement.ranks_of(s))
-            if len(group) > 1:
-                sub = comm.subgroup(group)
-                if sub is not None:
-                    comms[s] = sub
-        return comms
 
     # -- running a schedule ----------------------------------------------------------------------------------------
     def run(self, schedule: Schedule, views: dict[int, Microbatches], step: int,

@@ -1,12 +1,11 @@
 """A pipeline's memory prices, before its first step: a stage's profiled terms (stage_terms, for the runner's walk
 of its schedules: core/step_bytes.py), each block's backward transient, what a stage measurably held, and the
-planners' StageCost (the microbatches each position holds, walked from the method's steady-state step)."""
+planners' StageWalk (a candidate stage's terms walked over the method's steady-state steps, the same walk)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -21,12 +20,12 @@ from harness.memory import (
 )
 from harness.memory.passes import pass_peak
 from harness.memory.update import optimizer_step_temporaries
-from harness.method import TrainParams
 from harness.schedule.held import in_flight_peaks
+from harness.schedule.ir import Op, Schedule
 from harness.trace import StepSchedule
 from methods.pipeline.core.codecs import Codec, Plain
 from methods.pipeline.core.stage import Stage
-from methods.pipeline.core.step_bytes import StageTerms
+from methods.pipeline.core.step_bytes import StageTerms, rank_peaks
 
 
 def stage_terms(prints: list[Footprint], blocks: tuple[int, int], first: bool, last: bool,
@@ -85,41 +84,40 @@ def held_bytes(stage: Stage) -> MemoryBytes:
                        activations=stage.run_peak.activation_bytes, buffers=stage.run_peak.buffer_bytes)
 
 
-@dataclass(frozen=True)
-class StageCost:
-    """How a planner prices a candidate stage's bytes per replica before any stage exists, with the plan's own
-    kinds: weights and a gradient each, the optimizer's state (`optimizer_slots` per parameter byte), the weight
-    versions the method keeps (`versions(stages after, the only stage, microbatches held)`), and the activations of
-    the microbatches it holds. `in_flight[a]`: the microbatches a stage with a stages after it holds, walked from the
-    method's own steady-state step (one stage per rank); a replica holds its share of them."""
+class StageWalk:
+    """How the planners walk a candidate stage before any stage exists: the method's steady-state step (one stage
+    per rank) shifted as the next steps' are, 4S + 4 times (as the runner walks its first 4S + 4 steps); a stage
+    with `after` stages after it runs the actions of the step's rank S-1-after, a replica of r those of the
+    microbatches it owns (mb mod r = 0: the replica that owns the most, Placement.owner) and every update; its
+    bytes are the StepBytes walk of those actions with the stage's terms (core/step_bytes.py: the runner's gate's
+    own walk), what it holds throughout on top."""
 
-    in_flight: tuple[int, ...]
-    optimizer_slots: float
-    versions: Callable[[int, bool, int], int]
+    def __init__(self, step: StepSchedule, lanes: bool = False):
+        self.stages, self.lanes = len(step.ranks), lanes
+        self.steps = [[[replace(a, mb=None if a.mb is None else a.mb + k * step.shift,
+                                iteration=a.iteration + k * step.iteration_shift) for a in actions]
+                       for actions in step.ranks] for k in range(4 * self.stages + 4)]
+        self._actions: dict[tuple[int, int], tuple[int, list[Schedule]]] = {}
+
+    def actions(self, replicas: int, after: int) -> tuple[int, list[Schedule]]:
+        """The stage index the walked actions name and each step's actions of the replica (one worker)."""
+        key = (replicas, min(after, self.stages - 1))
+        if key not in self._actions:
+            position = self.stages - 1 - key[1]
+            self._actions[key] = (position, [[[a for a in schedule[position] if a.mb is None
+                                               or a.op is Op.SYNC_GRADS or a.mb % replicas == 0]]
+                                             for schedule in self.steps])
+        return self._actions[key]
 
     def held(self, replicas: int, after: int) -> int:
-        return -(-self.in_flight[min(after, len(self.in_flight) - 1)] // replicas)
+        """The most microbatches the replica holds at once (forward run, its backward not yet)."""
+        position, steps = self.actions(replicas, after)
+        return max(1, in_flight_peaks(steps, self.lanes).get((0, position), 0))
 
-    def bytes(self, param_bytes: int, saved_per_microbatch: int, replicas: int, after: int, alone: bool) -> int:
-        held = self.held(replicas, after)
-        return int(param_bytes * (2 + self.optimizer_slots + self.versions(after, alone, held))
-                   + held * saved_per_microbatch)
-
-
-def in_flight_by_after(step: StepSchedule, lanes: bool = False) -> tuple[int, ...]:
-    """Microbatches each stage of a steady-state step (one stage per rank) holds at its peak, indexed by the number
-    of stages after it: the step walked 4S + 4 times, each copy's ids shifted as the next step's are."""
-    stages = len(step.ranks)
-    steps = [[[replace(a, mb=None if a.mb is None else a.mb + k * step.shift,
-                       iteration=a.iteration + k * step.iteration_shift) for a in actions] for actions in step.ranks]
-             for k in range(4 * stages + 4)]
-    peaks = in_flight_peaks(steps, lanes)
-    return tuple(max(1, peaks.get((s, s), 0)) for s in reversed(range(stages)))
-
-
-def optimizer_slots(params: TrainParams) -> float:
-    """Optimizer-state bytes per parameter byte: AdamW's two moments, momentum SGD's buffer, else none."""
-    return 2.0 if params.optimizer == "adamw" else 1.0 if params.momentum else 0.0
+    def bytes(self, terms: StageTerms, replicas: int, after: int) -> MemoryBytes:
+        """The replica's plan with `terms`: its worst moment over the walked steps, by kind."""
+        position, steps = self.actions(replicas, after)
+        return rank_peaks(steps, {(0, position): terms}, self.lanes)[0]
 
 
 def backward_transients(blocks: list[nn.Module], example: torch.Tensor, loss: nn.Module,
@@ -146,7 +144,8 @@ def backward_transients(blocks: list[nn.Module], example: torch.Tensor, loss: nn
 
                 def one(block: nn.Module = block, x: torch.Tensor = x, grad: torch.Tensor | None = grad) -> None:
                     z = block(x)
-                    z.backward(grad)
+                    if z.requires_grad:  # a block without weights on the model's input has no backward
+                        z.backward(grad)
                     x.grad = None
 
                 peak = pass_peak(one, [block], device)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.comm.communicator import Communicator
 from harness.schedule.ir import Action, Op, Schedule
 
 
@@ -92,3 +93,15 @@ def place(stage_schedule: Schedule, placement: Placement) -> Schedule:
             else:
                 out[placement.owner(s, a.mb)].append(a)
     return out
+
+
+def replica_comms(comm: Communicator, placement: Placement) -> dict[int, Communicator]:
+    """A communicator per replicated stage, over its replicas (collective: every rank creates every group)."""
+    comms = {}
+    for s in range(placement.num_stages):
+        group = list(placement.ranks_of(s))
+        if len(group) > 1:
+            sub = comm.subgroup(group)
+            if sub is not None:
+                comms[s] = sub
+    return comms

@@ -1,34 +1,38 @@
-"""The planners' memory: a contiguous stage's bytes under a StageCost (what PipeDream's DP checks against the
-budget), each candidate shape's verdict, and what partition.json says about them."""
+"""The planners' memory: a contiguous stage's bytes, its terms walked as the runner walks its plan (what PipeDream's
+DP checks against the budget), each candidate shape's verdict, and what partition.json says about them."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from harness.bytesize import format_bytes
-from harness.memory import DoesNotFit, Footprint, chain_saved_bytes
+from harness.memory import DoesNotFit
 from methods.pipeline.core.block_profile import BlockProfile
-from methods.pipeline.core.memory import StageCost
+from methods.pipeline.core.memory import StageWalk
 from methods.pipeline.core.partitioner import PartitionPlan, pipedream_partition, predict, straight_partition
+from methods.pipeline.core.step_bytes import StageTerms
+
+#: A candidate stage's terms: (first block, end block, stages after it, microbatches it holds) -> StageTerms.
+ChainTerms = Callable[[int, int, int, int], StageTerms]
 
 
 class ChainMemory:
     """Bytes per replica of blocks [start, end) as a stage with `after` stages after it (partitioner.StageBytes):
-    the blocks' parameters, their saved activations on a microbatch (the loss's too on the last stage, `prints`
-    profiling every block and then the loss), priced by `cost`."""
+    `terms` (core/memory.py's stage_terms, as the runner prices its stages) walked by `walk` over the method's
+    steady-state steps (StageWalk: the runner's own walk), each price computed once."""
 
-    def __init__(self, cost: StageCost, prints: Sequence[Footprint], profiles: Sequence[BlockProfile]):
-        self.cost, self.prints = cost, list(prints)
-        self.params = [0]
-        for profile in profiles:
-            self.params.append(self.params[-1] + profile.param_bytes)
+    def __init__(self, walk: StageWalk, terms: ChainTerms):
+        self.walk, self.terms = walk, terms
+        self._prices: dict[tuple[int, int, int, int], int] = {}
 
     def __call__(self, start: int, end: int, replicas: int, after: int) -> int:
-        last = after == 0
-        saved = chain_saved_bytes(self.prints, start, end + 1 if last else end)
-        return self.cost.bytes(self.params[end] - self.params[start], saved, replicas, after, start == 0 and last)
+        key = (start, end, replicas, after)
+        if key not in self._prices:
+            terms = self.terms(start, end, after, self.walk.held(replicas, after))
+            self._prices[key] = self.walk.bytes(terms, replicas, after).total
+        return self._prices[key]
 
     def of(self, ranges: Sequence[tuple[int, int]], replicas: Sequence[int]) -> list[int]:
         """Each stage's bytes per replica in a plan."""
@@ -114,7 +118,7 @@ def record(memory: ChainMemory, ranges: Sequence[tuple[int, int]], replicas: Seq
     microbatches each holds, and the candidate shapes with their verdicts."""
     count = len(ranges)
     return {"memory_per_rank": budget, "stage_bytes": memory.of(ranges, replicas),
-            "held_microbatches": [memory.cost.held(r, count - 1 - i) for i, r in enumerate(replicas)],
+            "held_microbatches": [memory.walk.held(r, count - 1 - i) for i, r in enumerate(replicas)],
             "candidates": list(rows)}
 
 

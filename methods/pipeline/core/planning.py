@@ -12,11 +12,10 @@ import torch
 from torch import nn
 
 from harness.comm.communicator import Communicator
-from harness.memory import DoesNotFit, Footprint
+from harness.memory import DoesNotFit
 from harness.split import uniform_split
 from methods.pipeline.core import block_profile as profiler
 from methods.pipeline.core import partitioner, plan_memory
-from methods.pipeline.core.memory import StageCost
 
 
 @dataclass
@@ -55,7 +54,7 @@ class Plan:
 
 def make_plan(blocks: list[nn.Module], example: torch.Tensor, partition: str | list[int], stages: int | None,
               replicas: list[int] | None, workers: int, bandwidth: float, comm: Communicator,
-              auto_replicas: bool = False, cost: StageCost | None = None, prints: list[Footprint] | None = None,
+              auto_replicas: bool = False, memory: plan_memory.ChainMemory | None = None,
               budget: int | None = None) -> Plan:
     """The stage ranges and replicas, the same on every rank (collective when comm.world_size > 1).
 
@@ -65,10 +64,10 @@ def make_plan(blocks: list[nn.Module], example: torch.Tensor, partition: str | l
     `workers` with replication (the DP picks the stage count too, at most `stages` when given). `replicas` (per stage)
     is used as given. Rank 0 broadcasts its answer (category `control`).
 
-    With `cost` and `prints` (the stages' price and every block's saved activations, then the loss's), record
-    ['memory'] gives each stage's planned bytes and, for 'auto', the fastest plan of each stage count with its
-    verdict; under `budget` (memory_per_rank) 'auto' chooses the fastest plan whose every stage fits, and when none
-    does every rank raises DoesNotFit with what the smallest candidate needs.
+    With `memory` (the planners' price of a candidate stage, plan_memory.ChainMemory), record['memory'] gives each
+    stage's planned bytes and, for 'auto', the fastest plan of each stage count with its verdict; under `budget`
+    (memory_per_rank) 'auto' chooses the fastest plan whose every stage fits, and when none does every rank raises
+    DoesNotFit with what the smallest candidate needs.
     """
     n = len(blocks)
     agreed = torch.zeros(2 * n + 2, dtype=torch.int64)  # [S, b_0..b_S, r_0..r_{S-1}]
@@ -76,7 +75,6 @@ def make_plan(blocks: list[nn.Module], example: torch.Tensor, partition: str | l
     refused: DoesNotFit | None = None
     if comm.rank == 0:
         profiles = profiler.profile_blocks(blocks, example)
-        memory = plan_memory.ChainMemory(cost, prints, profiles) if cost is not None and prints is not None else None
         limit = {"memory": memory, "budget": budget} if memory is not None and budget is not None else {}
         shapes: list = []
         if memory is not None and partition == "auto":

@@ -137,13 +137,21 @@ class PipelinedBackprop(PipelineMethod):
     def delay(self, stage: int) -> int:
         return pb_delay(stage, self.num_stages)
 
-    def make_optimizer(self, stage: int, module: nn.Module) -> torch.optim.Optimizer:
+    def make_optimizer(self, stage: int, module: nn.Module, delay: int | None = None) -> torch.optim.Optimizer:
         p = self.ctx.params
         if p.optimizer != "sgd":
             return super().make_optimizer(stage, module)
-        delay = self.delay(stage) if p.compensation == "sc" else 0
+        delay = (self.delay(stage) if delay is None else delay) if p.compensation == "sc" else 0
         return SpikeCompensatedSGD(module.parameters(), lr=p.applied_lr, momentum=p.applied_momentum, delay=delay,
                                    weight_decay=p.weight_decay)
+
+    def plan_optimizer(self, module: nn.Module, after: int) -> torch.optim.Optimizer:
+        return self.make_optimizer(0, module, delay=pb_delay(0, after + 1))
+
+    def planned_stage_versions(self, after: int, alone: bool, held: int) -> int:
+        """Predicted.planned_versions at a stage of delay 2 `after`."""
+        p = self.ctx.params
+        return (held if not p.recompute and after > 0 else 0) + (p.prediction == "lwp_w")
 
     def make_policy(self, stage: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer
                     ) -> WeightPolicy:
