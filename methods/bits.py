@@ -50,6 +50,11 @@ def unpack_bits(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
     return codes.flatten()[:numel]
 
 
+def byte_codes_bytes(bits: int) -> int:
+    """The bytes of byte_codes(bits, device)'s table (256 x 8/bits int64), kept by its cache once made."""
+    return 256 * (8 // bits) * torch.empty((), dtype=torch.int64).element_size()
+
+
 @functools.lru_cache(maxsize=16)
 def byte_codes(bits: int, device: torch.device) -> torch.Tensor:
     """The codes packed in each possible byte, little end first: 256 x (8/bits) int64, for table-lookup decoding."""

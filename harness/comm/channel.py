@@ -11,6 +11,9 @@ import torch
 from harness.comm.communicator import Communicator
 from harness.comm.tags import Tag
 
+#: Credits a Receiver keeps once sent (it lets go of older ones whose sends are complete, at each recv).
+KEPT_CREDITS = 8
+
 
 @dataclass
 class ChannelStats:
@@ -35,6 +38,10 @@ class Sender:
 
     def in_flight(self) -> int:
         return len(self._pending)
+
+    def held(self) -> list[torch.Tensor]:
+        """The tensors kept for the messages in flight: each one's tensor, ids and awaited credit."""
+        return [t for tensor, ids, credit, _ in self._pending for t in (tensor, ids, credit)]
 
     def send(self, tensor: torch.Tensor, ids: torch.Tensor) -> None:
         while len(self._pending) >= self.depth:
@@ -81,9 +88,13 @@ class Receiver:
         credit = torch.tensor([self.received], dtype=torch.int64)
         self._credits.append((credit, self.comm.isend(credit, self.src, "control", Tag.CHANNEL_CREDIT)))
         self.received += 1
-        while len(self._credits) > 8 and self._credits[0][1].is_completed():
+        while len(self._credits) > KEPT_CREDITS and self._credits[0][1].is_completed():
             self._credits.popleft()
         return tensor, ids
+
+    def held(self) -> list[torch.Tensor]:
+        """The credits kept (sent, or still being sent): the last KEPT_CREDITS at least."""
+        return [credit for credit, _ in self._credits]
 
     def drain(self) -> None:
         while self._credits:

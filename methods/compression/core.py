@@ -49,6 +49,11 @@ class Compressor(abc.ABC):
         """out += decompress(payload, ctx), in place. Sparse formats override it to scatter straight into `out`."""
         return out.add_(self.decompress(payload, ctx).view_as(out))
 
+    def scratch_bytes(self) -> int:
+        """Bytes this compressor keeps from its first call on: buffers it reuses from call to call (on this thread),
+        lookup tables."""
+        return 0
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 

@@ -160,6 +160,10 @@ class DGCCompressor(Compressor):
         values, indices = payload
         return out.view(-1).index_add_(0, indices, values.float()).view_as(out)
 
+    def scratch_bytes(self) -> int:
+        """indices_at_least's |v| and mask buffers (used above BLOCK_MAX_DENSITY: the warm-up's densities)."""
+        return sum(t.numel() * t.element_size() for t in self._scratch.values())
+
     def pop_stats(self) -> dict[str, float]:
         """This step's density and the share of the sparse payload slots that carried a value; resets."""
         out = {"density": self.density, "kept_fraction": self.kept / self.slots if self.slots else float("nan")}
@@ -327,10 +331,10 @@ of n elements (as its DDP bucket's gradient is ready):
         return DGCCompressor(p.density, p.warmup_epochs, p.sample_fraction, p.fp16_values, p.min_compress_numel,
                              seed=self.ctx.seed * 65_537 + self.ctx.rank)
 
-    def make_memory(self) -> DGCMemory:
+    def make_memory(self, compressor: DGCCompressor) -> DGCMemory:
         p = self.ctx.params
         clip = None if p.local_clip is None else p.local_clip / math.sqrt(self.ctx.world_size)
-        return DGCMemory(self.compressor, p.momentum, p.weight_decay, p.nesterov and p.momentum > 0, clip,
+        return DGCMemory(compressor, p.momentum, p.weight_decay, p.nesterov and p.momentum > 0, clip,
                          p.momentum_masking)
 
     def dense_names(self) -> set[str]:

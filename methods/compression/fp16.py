@@ -35,6 +35,12 @@ class FP16(DDP):
         self._dense_bytes += 4 * n
         return fp16_compress_hook(process_group, bucket)
 
+    def planned_hook_bytes(self) -> int:
+        """torch's fp16_compress_hook (default_hooks._compress_hook): `buffer.to(float16).div_(W)`, an fp16 copy of
+        the bucket (2 bytes an element) alive until its all-reduce is decoded, which copies the sum back into the
+        bucket in place. One bucket of every gradient (as CompressedDDP.planned_hook_bytes)."""
+        return 2 * sum(p.numel() for p in self.network.parameters() if p.requires_grad)
+
     def train_step(self, batch: Batch) -> StepStats:
         stats = super().train_step(batch)
         stats.extra.update(bytes_record(self._dense_bytes, self._payload_bytes), collective="all_reduce")

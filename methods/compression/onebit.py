@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from methods.bits import byte_codes, pack_bits_, round_up
+from methods.bits import byte_codes, byte_codes_bytes, pack_bits_, round_up
 from methods.compression.compressed_ddp import CompressedDDP, CompressionParams
 from methods.compression.core import Compressed, Compressor, ErrorFeedback, Memory
 from methods.compression.packing import Scratch, flat_fp32
@@ -25,6 +25,10 @@ class OneBitCompressor(Compressor):
 
     def __init__(self) -> None:
         self._scratch = Scratch()
+
+    def scratch_bytes(self) -> int:
+        """The scratch buffers, and the decoding's lookup table (byte_codes, cached from its first use on)."""
+        return self._scratch.nbytes() + byte_codes_bytes(1)
 
     def compress(self, tensor: torch.Tensor, name: str) -> Compressed:
         values = flat_fp32(tensor, "onebit", name)
@@ -79,5 +83,5 @@ class OneBit(CompressedDDP):
     def make_compressor(self) -> Compressor:
         return OneBitCompressor()
 
-    def make_memory(self) -> Memory:
+    def make_memory(self, compressor: Compressor) -> Memory:
         return ErrorFeedback()

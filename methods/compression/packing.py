@@ -23,6 +23,10 @@ class Scratch(threading.local):
             self.buffers[(key, dtype, device)] = buffer
         return buffer[:numel]
 
+    def nbytes(self) -> int:
+        """Bytes of this thread's buffers."""
+        return sum(b.numel() * b.element_size() for b in self.buffers.values())
+
 
 def flat_fp32(tensor: torch.Tensor, method: str, name: str) -> torch.Tensor:
     """The gradient as a flat fp32 view; a clear error for other dtypes (codes are computed on fp32 bit patterns)."""

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from pydantic import Field
 
 from harness.comm.communicator import Communicator
-from methods.bits import byte_codes, pack_bits_, round_up
+from methods.bits import byte_codes, byte_codes_bytes, pack_bits_, round_up
 from methods.compression.compressed_ddp import CompressedDDP, CompressionParams
 from methods.compression.core import Compressed, Compressor
 from methods.compression.packing import Scratch, flat_fp32
@@ -40,6 +40,10 @@ class TernGradCompressor(Compressor):
         self.share_scalers = share_scalers
         self._shared: dict[str, float] = {}  # name -> scaler agreed by prepare(), consumed by compress()
         self._scratch = Scratch()
+
+    def scratch_bytes(self) -> int:
+        """The scratch buffers, and the decoding's lookup table (byte_codes, cached from its first use on)."""
+        return self._scratch.nbytes() + byte_codes_bytes(2)
 
     def local_scaler(self, grad: torch.Tensor) -> float:
         """s_local of one flat gradient, rounded to fp32 (the precision it travels in)."""

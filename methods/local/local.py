@@ -9,7 +9,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from harness.comm.channel import Receiver, Sender
+from harness.comm.channel import KEPT_CREDITS, Receiver, Sender
 from harness.data.tensors import Batch, TensorData
 from harness.memory import (
     FirstSteps,
@@ -20,8 +20,12 @@ from harness.memory import (
     gradient_bytes,
     optimizer_state_bytes,
     planned_optimizer_bytes,
+    tensor_bytes,
     weight_bytes,
 )
+from harness.memory.passes import pass_peak
+from harness.memory.step import batch_bytes, step_plan
+from harness.memory.update import clip_temporaries, optimizer_step_temporaries
 from harness.method import EvalResult, Method, RunContext, StepStats, TrainParams
 from harness.optim import clip_gradients, make_optimizer
 from methods.blocks import SUMS_WIDTH, classifier_sums, default_parts, eval_mode, evaluate_chain, output_shapes, too_few
@@ -120,7 +124,7 @@ class Local(Method):
         return [q for m in (self.blocks[c], self.heads[c]) for q in m.parameters()]
 
     def train_step(self, batch: Batch) -> StepStats:
-        device, loss_fn, p = self.ctx.device, self.ctx.workload.loss, self.ctx.params
+        device, p = self.ctx.device, self.ctx.params
         if self.receiver is None:
             h, ids = batch.inputs(), batch.indices
         else:
@@ -131,20 +135,9 @@ class Local(Method):
         y = batch.targets(ids).to(device)
         h = h.to(device)
         with self.first_steps.watch(self._modules()):
-            losses = []
-            for c in self.mine:
-                # Disjoint chunks start from a detached input. Overlapping ones cannot (u feeds chunk c's own shared
-                # block), so there each loss's backward is confined to its chunk's parameters instead.
-                h = self.path[c](h if self.shared else h.detach())
-                losses.append(loss_fn(self.heads[c](h), y))
+            h, losses = self._forward(h, y)
             self.optimizer.zero_grad(set_to_none=True)
-            if self.shared:
-                for k, (c, loss) in enumerate(zip(self.mine, losses, strict=True)):
-                    inputs = [q for m in (self.blocks[c], self.heads[c]) for q in m.parameters()]
-                    if inputs:  # an empty `inputs` would mean every leaf
-                        torch.autograd.backward(loss, inputs=inputs, retain_graph=k < len(losses) - 1)
-            else:
-                torch.stack(losses).sum().backward()  # chunk inputs are detached: each loss reaches its own chunk
+            self._backward(losses)
         self.first_steps.record(q for m in self._modules() for q in m.parameters())
         if p.grad_clip is not None:
             for c in self.mine:
@@ -159,6 +152,26 @@ class Local(Method):
             extra.update(queue_wait_s=self.sender.stats.wait_s - before, in_flight=self.sender.in_flight())
         return StepStats(loss=losses[-1].item(), extra=extra)
 
+    def _forward(self, h: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """This rank's chunks in order from input h: (the last chunk's output, each chunk's loss)."""
+        losses = []
+        for c in self.mine:
+            # Disjoint chunks start from a detached input. Overlapping ones cannot (u feeds chunk c's own shared
+            # block), so there each loss's backward is confined to its chunk's parameters instead.
+            h = self.path[c](h if self.shared else h.detach())
+            losses.append(self.ctx.workload.loss(self.heads[c](h), y))
+        return h, losses
+
+    def _backward(self, losses: list[torch.Tensor]) -> None:
+        """Each chunk's loss into its own chunk's gradients."""
+        if self.shared:
+            for k, (c, loss) in enumerate(zip(self.mine, losses, strict=True)):
+                inputs = [q for m in (self.blocks[c], self.heads[c]) for q in m.parameters()]
+                if inputs:  # an empty `inputs` would mean every leaf
+                    torch.autograd.backward(loss, inputs=inputs, retain_graph=k < len(losses) - 1)
+        else:
+            torch.stack(losses).sum().backward()  # chunk inputs are detached: each loss reaches its own chunk
+
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.optimizer]
 
@@ -166,25 +179,67 @@ class Local(Method):
     def _modules(self) -> list[nn.Module]:
         return [m for c in self.mine for m in (self.blocks[c], self.heads[c])]
 
+    def _built_modules(self) -> list[nn.Module]:
+        """Every chunk's blocks and head: each rank builds the whole model and every head (from the same seed, so
+        that all start from sgd's weights) and keeps them, training only its own."""
+        return [*self.path, *self.heads]
+
     def memory_plan(self) -> dict[int, MemoryBytes]:
-        """This rank's chunks' (all of them in the virtual mode) weights, gradients and optimizer state, and the
-        activations of one step's forwards through each chunk, its head and its loss (profiled on a batch)."""
-        train, device, loss_fn = self.ctx.workload.train, self.ctx.device, self.ctx.workload.loss
-        index = torch.arange(min(len(train), self.ctx.params.batch_size))
+        """This rank's chunks (all of them in the virtual mode), composed from a step's phases (harness/memory/
+        step.py). Held throughout: weights (of every chunk: each rank builds them all), the optimizer's state, the
+        step's input (the batch's x on the first rank, the activations received on the others, with their ids) and
+        y, and the channel's buffers (the sender's `depth` messages in flight: outputs of earlier steps, kept until
+        their credit is back; the receiver's last credits). Phases, profiled with the allocator on a batch
+        (pass_peak): the forwards, while the last step's gradients are still alive (they are zeroed after the
+        forwards); the backward, from no gradients; clipping and the optimizer step beside every gradient and the
+        chunk's output (alive until it is sent). Activations are also counted alone, as the saved bytes of the
+        forwards (footprints), less the step's input (counted as inputs)."""
+        train, device, loss_fn, p = self.ctx.workload.train, self.ctx.device, self.ctx.workload.loss, self.ctx.params
+        samples = min(len(train), p.batch_size)
+        index = torch.arange(samples)
         h, y = train.inputs(index).to(device), train.targets(index).to(device)
         activations = 0
         for c in range(len(self.ranges)):
+            if c == self.mine[0]:
+                x = h
             if c in self.mine:
                 prints = footprints([*self.path[c], self.heads[c], LossBlock(loss_fn, y)], h.detach())
                 activations += chain_saved_bytes(prints, 0, len(prints))
+                if c == self.mine[0] and prints[0].saves_input:  # the step's input: counted as inputs
+                    activations -= prints[0].input_bytes
             with torch.no_grad(), eval_mode([self.path[c]]):
                 h = self.path[c](h)
+            if c == self.mine[-1]:
+                out = h
         modules = self._modules()
-        return {self.ctx.rank: MemoryBytes(weights=weight_bytes(modules), gradients=gradient_bytes(modules),
-                                           optimizer=planned_optimizer_bytes(self.optimizer), activations=activations)}
+        gradients = gradient_bytes(modules)
+        forward = pass_peak(lambda: self._forward(x, y), modules, device)
+        passes = pass_peak(lambda: self._backward(self._forward(x, y)[1]), modules, device)
+        output = tensor_bytes([out])  # this rank's last chunk's output, alive through the update
+        clip = max((clip_temporaries(self.chunk_parameters(c)) for c in self.mine), default=0) \
+            if p.grad_clip is not None else 0
+        ids = samples * torch.empty((), dtype=torch.int64).element_size()
+        step_input = batch_bytes(train, samples, targets=False) if self.receiver is None else tensor_bytes([x]) + ids
+        held = MemoryBytes(weights=weight_bytes(self._built_modules()), gradients=gradients,
+                           optimizer=planned_optimizer_bytes(self.optimizer), activations=activations,
+                           buffers=self._planned_channel_bytes(output, ids),
+                           inputs=step_input + batch_bytes(train, samples, inputs=False))
+        phases = {"forward": gradients + forward, "backward": passes, "clipping": gradients + output + clip,
+                  "update": gradients + output + optimizer_step_temporaries(self.optimizer)}
+        return {self.ctx.rank: step_plan(held, phases)}
+
+    def _planned_channel_bytes(self, output: int, ids: int) -> int:
+        """The sender's `depth` messages in flight (an output, its ids and the int64 credit awaited for it: on the
+        CPU `.cpu()` sends the output itself) and the receiver's credits: KEPT_CREDITS and the newest, sent before
+        it lets go of the oldest."""
+        credit = torch.empty((), dtype=torch.int64).element_size()
+        sender = self.ctx.params.depth * (output + ids + credit) if self.sender is not None else 0
+        return sender + ((KEPT_CREDITS + 1) * credit if self.receiver is not None else 0)
 
     def memory_held(self) -> dict[int, MemoryBytes]:
-        now = MemoryBytes(weights=weight_bytes(self._modules()), optimizer=optimizer_state_bytes(self.optimizer))
+        channel = [t for end in (self.sender, self.receiver) if end is not None for t in end.held()]
+        now = MemoryBytes(weights=weight_bytes(self._built_modules()), optimizer=optimizer_state_bytes(self.optimizer),
+                          buffers=tensor_bytes(channel))
         return {self.ctx.rank: self.first_steps.held.peak(now)}
 
     def evaluate(self, test: TensorData) -> EvalResult | None:

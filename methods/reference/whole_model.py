@@ -104,7 +104,8 @@ class WholeModelMethod(Method):
         step's largest phase (harness/memory/step.py): the forward and backward of one forward's samples (of its
         largest microbatch under gradient accumulation, where a later one adds into the gradients the first made),
         profiled with the allocator on the model before the first step (gradients, saved activations, backward's
-        transients); the communication hook's payloads beside every gradient; clipping's and the optimizer step's
+        transients); the communication hook's payloads beside every gradient (and the loss with its seed gradient,
+        alive until backward returns); clipping's and the optimizer step's
         temporaries beside every gradient (harness/memory/update.py). Activations are also counted alone, as the
         saved bytes of that forward (footprints), for the breakdown."""
         train, device, loss_fn = self.ctx.workload.train, self.ctx.device, self.ctx.workload.loss
@@ -122,7 +123,9 @@ class WholeModelMethod(Method):
                            optimizer=planned_optimizer_bytes(self.optimizer),
                            activations=chain_saved_bytes(prints, 0, len(prints)), buffers=self.planned_buffer_bytes(),
                            inputs=batch_bytes(train, self.local_samples()))
-        phases = {"forward and backward": passes, "communication": gradients + self.planned_hook_bytes(),
+        # the hook runs inside the backward, beside the loss and the seed gradient backward started from (0-dim)
+        root = 2 * torch.empty((), dtype=torch.get_default_dtype()).element_size()
+        phases = {"forward and backward": passes, "communication": gradients + root + self.planned_hook_bytes(),
                   "clipping": gradients + clip, "update": gradients + optimizer_step_temporaries(self.optimizer)}
         return {self.ctx.rank: step_plan(held, phases)}
 
