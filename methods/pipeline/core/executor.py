@@ -169,6 +169,7 @@ class ProcessExecutor:
                 kind = message[0]
                 tensor = self.wire.codec(kind).decode(buf, self.wire.shape(message, views[a.stage].sizes[a.key]))
                 self._boxes[a.stage][0][(kind, a.key)] = tensor
+                del buf, work, tensor  # the inbox holds the message now: its compute frees it, not the step's end
             elif a.op in SENDS:
                 message = message_of(a)
                 kind, stage, _, mb = message

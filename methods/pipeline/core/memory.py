@@ -61,8 +61,20 @@ def stage_terms(prints: list[Footprint], blocks: tuple[int, int], first: bool, l
         send_act=0 if isinstance(act, Plain) else _payload(act, out),
         send_grad=0 if isinstance(grad, Plain) else _payload(grad, inp),
         grad_input=inp, retained=retained, batch=batch, update_temps=optimizer_step_temporaries(optimizer),
-        backward_temps=max(transients[a:b + 1 if last else b], default=0) if transients else 0,
+        backward_temps=_stage_transient(prints, transients, a, b, last) if transients else 0,
         versions=versions)
+
+
+def _stage_transient(prints: list[Footprint], transients: list[int], a: int, b: int, last: bool) -> int:
+    """A stage's backward transient: its worst block's (the loss's too on the last stage), each with the gradient of
+    the block's output alive beside it (made by the next block's backward, or the loss's; a residual block's
+    backward reads it on both branches, so it lives through the block's backward). The stage's last block's is
+    the received gradient instead, a buffer of its own (not on the last stage)."""
+    out = transients[b] if last else 0
+    for k in range(a, b):
+        incoming = prints[k].output_bytes if last or k < b - 1 else 0
+        out = max(out, transients[k] + incoming)
+    return out
 
 
 def modules_blocks(modules: list[nn.Module]) -> list[nn.Module]:
@@ -126,7 +138,11 @@ def backward_transients(blocks: list[nn.Module], example: torch.Tensor, loss: nn
     footprints): the allocator's peak over one forward and backward of the block alone (harness/memory/passes.py;
     the block's input and the gradient flowing in exist before it) less what the plan counts apart (the block's
     saved tensors, its output, its parameters' gradients): the gradient flowing out and the ops' own gradients and
-    workspaces. A stage's backward transient is its largest block's. Buffers (BatchNorm's statistics) and the RNG
+    workspaces. Profiled twice, the larger kept: as a step's first backward runs (no .grad yet: autograd's
+    AccumulateGrad keeps each new gradient as the .grad) and as a later one does (the .grad exists: each new
+    gradient is a temporary added into it, alive with the op's workspaces; CPU convolution_backward holds two
+    weight-sized buffers then, digits-resnet's 64x64 conv: 2 x 147,456 B). A stage's backward transient is its
+    largest block's. Buffers (BatchNorm's statistics) and the RNG
     are as they were on return."""
     chain = [*blocks, loss]
     device = example.device
@@ -148,10 +164,11 @@ def backward_transients(blocks: list[nn.Module], example: torch.Tensor, loss: nn
                         z.backward(grad)
                     x.grad = None
 
-                peak = pass_peak(one, [block], device)
                 p = prints[index]
-                counted = p.saved_bytes + (0 if p.saves_output else p.output_bytes) + gradient_bytes([block])
-                out.append(max(0, peak - counted))
+                counted = p.saved_bytes + (0 if p.saves_output else p.output_bytes)
+                first = pass_peak(one, [block], device) - gradient_bytes([block])
+                later = pass_peak(one, [block], device, accumulate=True)
+                out.append(max(0, first - counted, later - counted))
                 x = y
     finally:
         with torch.no_grad():

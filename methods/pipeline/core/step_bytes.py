@@ -129,18 +129,17 @@ class StepBytes(Handler[tuple[int, Action]]):
                 live.buffers += t.output
         elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT):
             releases = a.op is not Op.BACKWARD_INPUT or t.input == 0  # the first stage's B is its whole backward
-            if a.op is not Op.BACKWARD_WEIGHT:
-                for k in [k for k in live.messages if k[1] in RECEIVES and k[2] == a.stage and k[3] == a.key]:
-                    if k[1] is Op.RECV_GRAD or releases:
-                        live.buffers -= live.messages.pop(k)
-                if t.grad_input:
-                    live.messages[(step, "send", a.stage, a.key, "dx")] = t.grad_input
-                    live.buffers += t.grad_input
+            if a.op is not Op.BACKWARD_WEIGHT and t.grad_input:
+                live.messages[(step, "send", a.stage, a.key, "dx")] = t.grad_input
+                live.buffers += t.grad_input
             if releases and a.stage not in live.graded:
                 live.graded.add(a.stage)
                 live.gradients += t.gradients
             transient = t.backward_temps
             self._note(worker, live, transient)
+            if a.op is not Op.BACKWARD_WEIGHT:  # the received gradient lives through the backward it feeds
+                for k in [k for k in live.messages if k[1] is Op.RECV_GRAD and k[2] == a.stage and k[3] == a.key]:
+                    live.buffers -= live.messages.pop(k)
             if releases:
                 live.activations -= live.owed.pop((a.stage, a.key), 0)
                 live.buffers -= live.messages.pop((a.stage, a.key, "kept"), 0)
