@@ -11,7 +11,7 @@ import torch
 from harness.comm.communicator import Communicator
 from harness.comm.tags import Tag
 
-#: Credits a Receiver keeps once sent (it lets go of older ones whose sends are complete, at each recv).
+#: Credits a Receiver keeps once sent (at each recv it waits for older ones' sends to finish and lets them go).
 KEPT_CREDITS = 8
 
 
@@ -39,9 +39,9 @@ class Sender:
     def in_flight(self) -> int:
         return len(self._pending)
 
-    def held(self) -> list[torch.Tensor]:
-        """The tensors kept for the messages in flight: each one's tensor, ids and awaited credit."""
-        return [t for tensor, ids, credit, _ in self._pending for t in (tensor, ids, credit)]
+    def held(self, ids: bool = True) -> list[torch.Tensor]:
+        """The tensors kept for the messages in flight: each one's tensor, awaited credit and (with `ids`) ids."""
+        return [t for tensor, sent, credit, _ in self._pending for t in (tensor, credit, *([sent] if ids else []))]
 
     def send(self, tensor: torch.Tensor, ids: torch.Tensor) -> None:
         while len(self._pending) >= self.depth:
@@ -88,12 +88,14 @@ class Receiver:
         credit = torch.tensor([self.received], dtype=torch.int64)
         self._credits.append((credit, self.comm.isend(credit, self.src, "control", Tag.CHANNEL_CREDIT)))
         self.received += 1
-        while len(self._credits) > KEPT_CREDITS and self._credits[0][1].is_completed():
-            self._credits.popleft()
+        # Credit i's receive was posted by the sender with message i, long before: waiting on it is prompt. Not
+        # is_completed(): gloo's send work reports False until waited on, so the credits were never let go.
+        while len(self._credits) > KEPT_CREDITS:
+            self._credits.popleft()[1].wait()
         return tensor, ids
 
     def held(self) -> list[torch.Tensor]:
-        """The credits kept (sent, or still being sent): the last KEPT_CREDITS at least."""
+        """The credits kept (sent, or still being sent): the last KEPT_CREDITS."""
         return [credit for credit, _ in self._credits]
 
     def drain(self) -> None:

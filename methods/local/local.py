@@ -229,15 +229,18 @@ class Local(Method):
         return {self.ctx.rank: step_plan(held, phases)}
 
     def _planned_channel_bytes(self, output: int, ids: int) -> int:
-        """The sender's `depth` messages in flight (an output, its ids and the int64 credit awaited for it: on the
-        CPU `.cpu()` sends the output itself) and the receiver's credits: KEPT_CREDITS and the newest, sent before
-        it lets go of the oldest."""
+        """The sender's `depth` messages in flight (an output, the int64 credit awaited for it and the ids, where
+        this rank received them: on the CPU `.cpu()` sends the output itself) and the receiver's credits:
+        KEPT_CREDITS and the newest, sent before it lets go of the oldest."""
         credit = torch.empty((), dtype=torch.int64).element_size()
-        sender = self.ctx.params.depth * (output + ids + credit) if self.sender is not None else 0
+        # the ids sent on: the batch's own (a view of the data order) on the first rank, received ones after it
+        own = ids if self.receiver is not None else 0
+        sender = self.ctx.params.depth * (output + own + credit) if self.sender is not None else 0
         return sender + ((KEPT_CREDITS + 1) * credit if self.receiver is not None else 0)
 
     def memory_held(self) -> dict[int, MemoryBytes]:
-        channel = [t for end in (self.sender, self.receiver) if end is not None for t in end.held()]
+        channel = ([] if self.sender is None else self.sender.held(ids=self.receiver is not None)) + \
+            ([] if self.receiver is None else self.receiver.held())
         now = MemoryBytes(weights=weight_bytes(self._built_modules()), optimizer=optimizer_state_bytes(self.optimizer),
                           buffers=tensor_bytes(channel))
         return {self.ctx.rank: self.first_steps.held.peak(now)}
