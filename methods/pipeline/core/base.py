@@ -23,7 +23,7 @@ from methods.blocks import SUMS_WIDTH, classifier_sums, default_parts, eval_mode
 from methods.pipeline.core import plan_memory, planning
 from methods.pipeline.core.codecs import Codec, make_codec
 from methods.pipeline.core.executor import Microbatches, ProcessExecutor, VirtualExecutor, Wire
-from methods.pipeline.core.memory import StageWalk, backward_transients, held_bytes, stage_terms
+from methods.pipeline.core.memory import StageWalk, backward_transients, held_bytes, split_retained, stage_terms
 from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import Placement, replica_comms
 from methods.pipeline.core.records import StageClock, memory_peaks, step_extra
@@ -43,6 +43,7 @@ class PipelineMethod(Method):
     backward_mode: ClassVar[BackwardMode] = "graph"
     #: Whether the schedule splits backwards into B and W (zero-bubble): a B keeps its graph for the W.
     backward_split: ClassVar[bool] = False
+    _retained: list[int] | None = None  # a split B's kept bytes per block (split_retained), profiled with the prints
     #: Replicas' gradients at a sync: summed (a flushed pipeline's loss scales already weigh each microbatch) or
     #: averaged over the minibatches they ran (an asynchronous pipeline whose every minibatch has scale 1).
     sync_mean: ClassVar[bool] = False
@@ -214,6 +215,7 @@ class PipelineMethod(Method):
         loss = LossBlock(self.ctx.workload.loss, train.targets(index).to(device))
         prints = footprints([*blocks, loss], train.inputs(index).to(device), detach_inputs=True)
         self._transients = backward_transients(blocks, train.inputs(index).to(device), loss, prints)
+        self._retained = split_retained(blocks, train.inputs(index).to(device), loss) if self.backward_split else None
         return prints
 
     def schedule_at(self, step: int) -> Schedule:
@@ -270,7 +272,7 @@ class PipelineMethod(Method):
         return stage_terms(prints, blocks, first, last, [module], optimizer, self.make_codec("act"),
                            self.make_codec("grad"), self.batch_bytes(first, last), split=self.backward_split,
                            versions=versions * params, recompute=self.backward_mode == "current",
-                           transients=transients)
+                           transients=transients, retained=self._retained)
 
     def batch_bytes(self, first: bool, last: bool) -> int:
         """A step's inputs (first stage) and labels (last stage) as the rank loads them."""

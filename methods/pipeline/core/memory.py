@@ -31,14 +31,15 @@ from methods.pipeline.core.step_bytes import StageTerms, rank_peaks
 def stage_terms(prints: list[Footprint], blocks: tuple[int, int], first: bool, last: bool,
                 modules: list[nn.Module], optimizer: torch.optim.Optimizer, act: Codec, grad: Codec, batch: int,
                 split: bool = False, versions: int = 0, recompute: bool = False,
-                transients: list[int] | None = None) -> StageTerms:
+                transients: list[int] | None = None, retained: list[int] | None = None) -> StageTerms:
     """The one price of a stage, for the runner's plan and the planners alike: blocks [a, b) of a chain profiled
     by `prints` (every block, then the loss) on a full microbatch, as the stage `first`/`last` in the chain, with
     `modules` its blocks and `optimizer` theirs, `act`/`grad` the wire's codecs, `batch` the step's inputs or
     labels it loads, `split` a zero-bubble B/W, `versions` the bytes of the weight versions its policy keeps, and
     `recompute` a backward that recomputes the stage from its input (only the input is kept), `transients` every
     block's backward transient (backward_transients; the stage's is its largest block's, the loss's too on the
-    last stage)."""
+    last stage), `retained` what a zero-bubble B keeps for its W, block by block (split_retained; without it, each
+    weighted block's output gradient)."""
     a, b = blocks
     inp = 0 if first else prints[a].input_bytes
     out = 0 if last else prints[b - 1].output_bytes
@@ -50,9 +51,11 @@ def stage_terms(prints: list[Footprint], blocks: tuple[int, int], first: bool, l
             saved -= prints[a].input_bytes
         if out and prints[b - 1].saves_output:  # the output's is the send's buffer: held as that
             saved -= out
-    retained = 0
-    if split and not first:  # B keeps, for W, the gradient at each weighted block's output
-        retained = sum(prints[i].output_bytes for i, m in zip(range(a, b), modules_blocks(modules), strict=False)
+    kept = 0
+    if split and not first and retained is not None:  # B keeps, for W, what each block's B kept
+        kept = sum(retained[a:b + 1 if last else b])
+    elif split and not first:  # B keeps, for W, the gradient at each weighted block's output
+        kept = sum(prints[i].output_bytes for i, m in zip(range(a, b), modules_blocks(modules), strict=False)
                        if any(p.requires_grad for p in m.parameters(recurse=True)))
     return StageTerms(
         weights=weight_bytes(modules), gradients=gradient_bytes(modules),
@@ -60,7 +63,7 @@ def stage_terms(prints: list[Footprint], blocks: tuple[int, int], first: bool, l
         recv_act=_payload(act, inp), recv_grad=_payload(grad, out),
         send_act=0 if isinstance(act, Plain) else _payload(act, out),
         send_grad=0 if isinstance(grad, Plain) else _payload(grad, inp),
-        grad_input=inp, retained=retained, batch=batch, update_temps=optimizer_step_temporaries(optimizer),
+        grad_input=inp, retained=kept, batch=batch, update_temps=optimizer_step_temporaries(optimizer),
         backward_temps=_stage_transient(prints, transients, a, b, last) if transients else 0,
         versions=versions)
 
@@ -170,6 +173,46 @@ def backward_transients(blocks: list[nn.Module], example: torch.Tensor, loss: nn
                 later = pass_peak(one, [block], device, accumulate=True)
                 out.append(max(0, first - counted, later - counted))
                 x = y
+    finally:
+        with torch.no_grad():
+            for block, values in zip(chain, kept, strict=True):
+                for buffer, value in zip(block.buffers(), values, strict=True):
+                    buffer.copy_(value)
+    return out
+
+
+def split_retained(blocks: list[nn.Module], example: torch.Tensor, loss: nn.Module) -> list[int]:
+    """What a zero-bubble B keeps for its W, for each block of the chain (`loss` last) on `example` fed through it:
+    the gradients stage_backward_input stores at the graph nodes between the input's path and each weight (every
+    weighted op's output gradient: a GPT block's q/k/v, MLP and projection outputs besides the block's own), each
+    storage counted once. A weightless block keeps nothing. Gradients, buffers and the RNG as they were."""
+    from torch.distributed.pipelining._backward import stage_backward_input
+
+    chain = [*blocks, loss]
+    device = example.device
+    devices = [device.index or 0] if device.type == "cuda" else []
+    kept = [[b.detach().clone() for b in block.buffers()] for block in chain]
+    out: list[int] = []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            x = example
+            for index, block in enumerate(chain):
+                weights = [p for p in block.parameters() if p.requires_grad]
+                x = x.detach().requires_grad_(x.is_floating_point() and index > 0)
+                if not weights or not x.requires_grad:
+                    with torch.no_grad():
+                        x = block(x)
+                    out.append(0)
+                    continue
+                with torch.enable_grad():
+                    y = block(x)
+                    _, groups = stage_backward_input([y], None if y.dim() == 0 else [torch.ones_like(y)], [x],
+                                                     iter(weights))
+                grads = [g for group in groups for node in group.get("grads") or [] if node is not None
+                         for g in (node if isinstance(node, tuple | list) else (node,)) if g is not None]
+                storages = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in grads}
+                out.append(sum(storages.values()))
+                x = y.detach()
     finally:
         with torch.no_grad():
             for block, values in zip(chain, kept, strict=True):
