@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from harness.memory.peak import peak_of
+from harness.memory.profile import as_they_were
 
 
 def pass_peak(run: Callable[[], Any], modules: Iterable[torch.nn.Module], device: torch.device,
@@ -24,17 +25,11 @@ def pass_peak(run: Callable[[], Any], modules: Iterable[torch.nn.Module], device
     modules = list(modules)
     params = list({id(p): p for m in modules for p in m.parameters() if p.requires_grad}.values())
     grads = [p.grad for p in params]
-    buffers = [[b.detach().clone() for b in m.buffers()] for m in modules]
-    devices = [device.index or 0] if device.type == "cuda" else []
     try:
         for p in params:
             p.grad = torch.zeros_like(p) if accumulate else None
-        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+        with as_they_were(modules, device), torch.enable_grad():
             return peak_of(run, device)
     finally:
         for p, g in zip(params, grads, strict=True):
             p.grad = g
-        with torch.no_grad():
-            for m, values in zip(modules, buffers, strict=True):
-                for buffer, value in zip(m.buffers(), values, strict=True):
-                    buffer.copy_(value)

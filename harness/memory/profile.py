@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,18 +36,33 @@ class LossBlock(torch.nn.Module):
         return self.loss_fn(h, self.targets)
 
 
+@contextlib.contextmanager
+def as_they_were(modules: Iterable[torch.nn.Module], device: torch.device) -> Iterator[None]:
+    """Around a profile at planning time: the modules' buffers (BatchNorm's running statistics) and the RNG (dropout
+    draws) as they were, on the way out."""
+    modules = list(modules)
+    devices = [device.index or 0] if device.type == "cuda" else []
+    kept = [[b.detach().clone() for b in m.buffers()] for m in modules]
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        with torch.no_grad():
+            for m, values in zip(modules, kept, strict=True):
+                for buffer, value in zip(m.buffers(), values, strict=True):
+                    buffer.copy_(value)
+
+
 def footprints(blocks: Iterable[torch.nn.Module], example: torch.Tensor, detach_inputs: bool = False
                ) -> list[Footprint]:
     """Each block's Footprint on `example` fed through the chain (one forward with autograd on, no backward). With
     `detach_inputs` every block after the first starts from a detached input that requires grad, as a pipeline
     stage receives it. Weights, buffers (BatchNorm's statistics) and the RNG (dropout) are as they were on return."""
     blocks = list(blocks)
-    devices = [example.device.index or 0] if example.is_cuda else []
-    saved = [[b.detach().clone() for b in block.buffers()] for block in blocks]
     out: list[Footprint] = []
     graph = []  # every block's output, kept until the end: a block's saved tensors stay alive as in a training step
     try:
-        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+        with as_they_were(blocks, example.device), torch.enable_grad():
             x = example
             for index, block in enumerate(blocks):
                 if index and detach_inputs and x.is_floating_point():
@@ -63,10 +79,6 @@ def footprints(blocks: Iterable[torch.nn.Module], example: torch.Tensor, detach_
     finally:
         for counter, _ in graph:  # the profile's graph never runs backward: let it go (SavedTensors.drop)
             counter.drop()
-        with torch.no_grad():
-            for block, values in zip(blocks, saved, strict=True):
-                for buffer, value in zip(block.buffers(), values, strict=True):
-                    buffer.copy_(value)
     return out
 
 

@@ -19,6 +19,7 @@ from harness.memory import (
     weight_bytes,
 )
 from harness.memory.passes import pass_peak
+from harness.memory.profile import as_they_were
 from harness.memory.update import optimizer_step_temporaries
 from harness.schedule.held import in_flight_peaks
 from harness.schedule.ir import Op, Schedule
@@ -149,35 +150,27 @@ def backward_transients(blocks: list[nn.Module], example: torch.Tensor, loss: nn
     are as they were on return."""
     chain = [*blocks, loss]
     device = example.device
-    devices = [device.index or 0] if device.type == "cuda" else []
-    kept = [[b.detach().clone() for b in block.buffers()] for block in chain]
     out: list[int] = []
-    try:
-        with torch.random.fork_rng(devices=devices):
-            x = example
-            for index, block in enumerate(chain):
-                x = x.detach().requires_grad_(x.is_floating_point() and index > 0)
-                with torch.no_grad():
-                    y = block(x)
-                grad = torch.ones_like(y) if y.dim() else None
+    with as_they_were(chain, device):
+        x = example
+        for index, block in enumerate(chain):
+            x = x.detach().requires_grad_(x.is_floating_point() and index > 0)
+            with torch.no_grad():
+                y = block(x)
+            grad = torch.ones_like(y) if y.dim() else None
 
-                def one(block: nn.Module = block, x: torch.Tensor = x, grad: torch.Tensor | None = grad) -> None:
-                    z = block(x)
-                    if z.requires_grad:  # a block without weights on the model's input has no backward
-                        z.backward(grad)
-                    x.grad = None
+            def one(block: nn.Module = block, x: torch.Tensor = x, grad: torch.Tensor | None = grad) -> None:
+                z = block(x)
+                if z.requires_grad:  # a block without weights on the model's input has no backward
+                    z.backward(grad)
+                x.grad = None
 
-                p = prints[index]
-                counted = p.saved_bytes + (0 if p.saves_output else p.output_bytes)
-                first = pass_peak(one, [block], device) - gradient_bytes([block])
-                later = pass_peak(one, [block], device, accumulate=True)
-                out.append(max(0, first - counted, later - counted))
-                x = y
-    finally:
-        with torch.no_grad():
-            for block, values in zip(chain, kept, strict=True):
-                for buffer, value in zip(block.buffers(), values, strict=True):
-                    buffer.copy_(value)
+            p = prints[index]
+            counted = p.saved_bytes + (0 if p.saves_output else p.output_bytes)
+            first = pass_peak(one, [block], device) - gradient_bytes([block])
+            later = pass_peak(one, [block], device, accumulate=True)
+            out.append(max(0, first - counted, later - counted))
+            x = y
     return out
 
 
@@ -190,32 +183,24 @@ def split_retained(blocks: list[nn.Module], example: torch.Tensor, loss: nn.Modu
 
     chain = [*blocks, loss]
     device = example.device
-    devices = [device.index or 0] if device.type == "cuda" else []
-    kept = [[b.detach().clone() for b in block.buffers()] for block in chain]
     out: list[int] = []
-    try:
-        with torch.random.fork_rng(devices=devices):
-            x = example
-            for index, block in enumerate(chain):
-                weights = [p for p in block.parameters() if p.requires_grad]
-                x = x.detach().requires_grad_(x.is_floating_point() and index > 0)
-                if not weights or not x.requires_grad:
-                    with torch.no_grad():
-                        x = block(x)
-                    out.append(0)
-                    continue
-                with torch.enable_grad():
-                    y = block(x)
-                    _, groups = stage_backward_input([y], None if y.dim() == 0 else [torch.ones_like(y)], [x],
-                                                     iter(weights))
-                grads = [g for group in groups for node in group.get("grads") or [] if node is not None
-                         for g in (node if isinstance(node, tuple | list) else (node,)) if g is not None]
-                storages = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in grads}
-                out.append(sum(storages.values()))
-                x = y.detach()
-    finally:
-        with torch.no_grad():
-            for block, values in zip(chain, kept, strict=True):
-                for buffer, value in zip(block.buffers(), values, strict=True):
-                    buffer.copy_(value)
+    with as_they_were(chain, device):
+        x = example
+        for index, block in enumerate(chain):
+            weights = [p for p in block.parameters() if p.requires_grad]
+            x = x.detach().requires_grad_(x.is_floating_point() and index > 0)
+            if not weights or not x.requires_grad:
+                with torch.no_grad():
+                    x = block(x)
+                out.append(0)
+                continue
+            with torch.enable_grad():
+                y = block(x)
+                _, groups = stage_backward_input([y], None if y.dim() == 0 else [torch.ones_like(y)], [x],
+                                                 iter(weights))
+            grads = [g for group in groups for node in group.get("grads") or [] if node is not None
+                     for g in (node if isinstance(node, tuple | list) else (node,)) if g is not None]
+            storages = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in grads}
+            out.append(sum(storages.values()))
+            x = y.detach()
     return out
