@@ -100,10 +100,14 @@ class LaneThread:
         torch.set_num_threads(threads)
         while (job := self.jobs.get()) is not None:
             fn, future = job
+            del job  # the job's callable holds the step's microbatch views (the batch): let go of it with `fn`
             if future.set_running_or_notify_cancel():
                 try:
                     with allocator_thread():  # its allocations join the rank's allocator peak while it is measured
-                        result = fn()
+                        try:
+                            result = fn()
+                        finally:  # before the caller wakes: the batch is the step's, not this thread's until the
+                            del fn  # next job comes (its free would be unseen by the meter, and a step late)
                     future.set_result(result)
                 except BaseException as error:  # noqa: BLE001 - handed to the caller through the future
                     future.set_exception(error)
