@@ -66,8 +66,10 @@ class _Live:
 class StepBytes(Handler[tuple[int, Action]]):
     """Walks each worker's actions of several steps ((step, action) pairs) with `terms[(worker, stage)]`: a step's
     receives are posted at its start (their payloads held until the backward that consumes them), a send's
-    buffer is kept until the end of the next step (the executor's retire), a forward holds its microbatch's
-    activations until its backward (or W), the gradients exist from a stage's first backward to its update.
+    buffer is kept until the end of the next step (the executor's retire; where a codec copies, that is its encoded
+    payload, and the gradient it encoded is freed at the send, the output kept by its stage until the backward), a
+    forward holds its microbatch's activations until its backward (or W), the gradients exist from a stage's first
+    backward to its update.
     `peaks[worker]` is the worker's bytes at its worst moment, by kind (temporaries: the transient of the action
     running then), besides what it holds throughout (weights, optimizer state, versions)."""
 
@@ -121,16 +123,22 @@ class StepBytes(Handler[tuple[int, Action]]):
             if extra:
                 live.messages[(step, "send", a.stage, a.key, a.op)] = extra
                 live.buffers += extra
+            if a.op is Op.SEND_GRAD:  # a codec's encoded copy left: the gradient it encoded is freed
+                live.buffers -= live.messages.pop((a.stage, a.key, "encoded dx"), 0)
         elif a.op is Op.FORWARD:
             live.owed[(a.stage, a.key)] = t.saved
             live.activations += t.saved
-            if t.output:  # the output leaves as the send's buffer: kept until the executor retires it
+            if t.output and t.send_act:  # a codec sends a copy: the stage keeps its output until the backward
+                live.messages[(a.stage, a.key, "kept")] = t.output
+                live.buffers += t.output
+            elif t.output:  # the output leaves as the send's buffer: kept until the executor retires it
                 live.messages[(step, "send", a.stage, a.key, "out")] = t.output
                 live.buffers += t.output
         elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT):
             releases = a.op is not Op.BACKWARD_INPUT or t.input == 0  # the first stage's B is its whole backward
-            if a.op is not Op.BACKWARD_WEIGHT and t.grad_input:
-                live.messages[(step, "send", a.stage, a.key, "dx")] = t.grad_input
+            if a.op is not Op.BACKWARD_WEIGHT and t.grad_input:  # until its send encodes it, or as the send's buffer
+                dx = (a.stage, a.key, "encoded dx") if t.send_grad else (step, "send", a.stage, a.key, "dx")
+                live.messages[dx] = t.grad_input
                 live.buffers += t.grad_input
             if releases and a.stage not in live.graded:
                 live.graded.add(a.stage)
