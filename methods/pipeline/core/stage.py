@@ -3,6 +3,7 @@ mode, the update, the replicas' gradient sync, and the memory it holds."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -38,43 +39,56 @@ class _Saved:
     buffer_bytes: int = 0  # the received input and the output sent on, kept until the backward (MemoryBytes.buffers)
     targets: torch.Tensor | None = None
     scale: float = 1.0
-    cells: list[list[torch.Tensor | None]] | None = None  # what the saved-tensor hooks packed (_SavedBytes)
+    cells: list[weakref.ref[_Cell]] | None = None  # what the saved-tensor hooks packed (_SavedBytes)
+
+
+class _Cell:
+    """One saved tensor, as the hook packed it."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor: torch.Tensor | None = tensor
 
 
 class _SavedBytes:
     """saved_tensors_hooks that add up the storage bytes autograd keeps for a backward, parameters excluded. Each
-    saved tensor is packed in a cell the stage empties once the microbatch's backward is done (`drop`): a node that
-    saves its own output (ReLU) holds it through the hook's value, a cycle through autograd's C++ nodes that
-    Python's collector cannot see, which a graph kept by `retain_graph` (zero-bubble's B) would never free."""
+    saved tensor is packed in a cell that only autograd holds (the stage keeps a weak reference), so it is freed
+    as the backward releases the node that saved it, as without the hooks; the stage empties the cells still alive
+    once the microbatch's backward is done (`drop`): a node that saves its own output (ReLU) holds it through the
+    hook's value, a cycle through autograd's C++ nodes that Python's collector cannot see, which a graph kept by
+    `retain_graph` (zero-bubble's B) would never free."""
 
     def __init__(self, exclude: set[int]):
         self.exclude, self.seen = exclude, {}
-        self.cells: list[list[torch.Tensor | None]] = []
+        self.cells: list[weakref.ref[_Cell]] = []
 
     @property
     def total(self) -> int:
         return sum(self.seen.values())
 
-    def pack(self, tensor: torch.Tensor) -> list[torch.Tensor | None]:
+    def pack(self, tensor: torch.Tensor) -> _Cell:
         pointer = tensor.untyped_storage().data_ptr()
         if pointer not in self.exclude and pointer not in self.seen:
             self.seen[pointer] = saved_bytes(tensor)
-        cell: list[torch.Tensor | None] = [tensor]
-        self.cells.append(cell)
+        cell = _Cell(tensor)
+        self.cells.append(weakref.ref(cell))
         return cell
 
     @staticmethod
-    def unpack(cell: list[torch.Tensor | None]) -> torch.Tensor:
-        tensor = cell[0]
-        if tensor is None:
+    def unpack(cell: _Cell) -> torch.Tensor:
+        if cell.tensor is None:
             raise RuntimeError("a saved tensor was used after its microbatch's backward was done")
-        return tensor
+        return cell.tensor
 
 
-def drop(cells: list[list[torch.Tensor | None]] | None) -> None:
-    """Let go of the tensors a microbatch's graph saved (its backward is done: nothing will unpack them)."""
-    for cell in cells or ():
-        cell[0] = None
+def drop(cells: list[weakref.ref[_Cell]] | None) -> None:
+    """Let go of the tensors a microbatch's graph saved that autograd still holds (its backward is done: nothing
+    will unpack them)."""
+    for ref in cells or ():
+        cell = ref()
+        if cell is not None:
+            cell.tensor = None
 
 
 @dataclass
