@@ -3,8 +3,10 @@ asynchronous pipeline with double-buffered weights, and computation overlapped w
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Callable
+from itertools import accumulate
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -186,6 +188,7 @@ class APapo(PipelineMethod):
         self.watch = ArrivalWatch() if ctx.world_size > 1 and ctx.params.overlap else None
         self.layer_plan = LayerPlan([], ())  # the partition (make_blocks: the planner's, agreed by every rank)
         super().__init__(ctx)
+        gc.collect()  # torch.fx's modules are cycles (module <-> graph): the stages this rank does not run go now
         self.delays = self.stage_delays(self.num_stages)
         self.iterations = 0  # steps run; the drain completes what is still in flight
         self._check_schedule(ctx.params.iterations_in_flight + 3)
@@ -275,10 +278,7 @@ class APapo(PipelineMethod):
             except NoPlanFits:
                 raise nothing_fits(shapes(graph, hardware, workers, params.stages, None, memory, budget),
                                    budget) from None
-            prefixes, total = [], 0
-            for stage in plan.stages:
-                total |= sum(1 << i for i in stage.nodes)
-                prefixes.append(total)
+            prefixes = list(accumulate((sum(1 << i for i in st.nodes) for st in plan.stages), lambda a, b: a | b))
             groups = [stage.ranks for stage in plan.stages]
             record["dp_states"] = plan.states
             record["choice"] = self._why(graph, hardware, workers, plan)

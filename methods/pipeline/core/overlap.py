@@ -47,6 +47,10 @@ class ArrivalWatch:
                 work.wait()
             except BaseException as exc:  # noqa: BLE001 - handed to the compute thread, which raises it
                 self._errors[message] = exc
+            # Let go of the receive (its Work holds the buffer) before the compute thread wakes: the buffer's last
+            # reference is then the compute thread's, which frees it where the allocator meter sees it (held until
+            # the next item, it was freed here, unseen: one message a step counted as held for ever).
+            item = work = None
             self.arrivals[message] = time.perf_counter()
             done.set()
 

@@ -119,6 +119,9 @@ class StepBytes(Handler[tuple[int, Action]]):
                 live.buffers += decoded - live.messages[k]
                 live.messages[k] = decoded
         elif a.op in SENDS:
+            made = "dx" if a.op is Op.SEND_GRAD else "out"  # sent in a later step than its compute made it (APapo's
+            for k in [k for k in live.messages if k[1:] == ("send", a.stage, a.key, made) and k[0] < step]:
+                live.messages[(step, *k[1:])] = live.messages.pop(k)  # step's first SEND_GRAD): retired a step later
             extra = t.send_act if a.op is Op.SEND_ACT else t.send_grad
             if extra:
                 live.messages[(step, "send", a.stage, a.key, a.op)] = extra
