@@ -55,6 +55,8 @@ class PipelineMethod(Method):
     #: stages update at different times, on gradients of different minibatches, so there is no global norm to
     #: wait for). True: the method clips by the norm over all stages itself (a flushed pipeline: clip_and_update).
     clips_globally: ClassVar[bool] = False
+    #: False where a stage's every backward is the first since its update (PB): none adds into an existing .grad.
+    accumulates_gradients: ClassVar[bool] = True
 
     # -- what the suite may ask for ------------------------------------------------------------------------------------
     @classmethod
@@ -214,7 +216,8 @@ class PipelineMethod(Method):
         index = torch.arange(min(len(train), max(self.microbatch_sizes())))
         loss = LossBlock(self.ctx.workload.loss, train.targets(index).to(device))
         prints = footprints([*blocks, loss], train.inputs(index).to(device), detach_inputs=True)
-        self._transients = backward_transients(blocks, train.inputs(index).to(device), loss, prints)
+        self._transients = backward_transients(blocks, train.inputs(index).to(device), loss, prints,
+                                               self.accumulates_gradients)
         self._retained = split_retained(blocks, train.inputs(index).to(device), loss) if self.backward_split else None
         return prints
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -64,9 +65,24 @@ def stage_terms(prints: list[Footprint], blocks: tuple[int, int], first: bool, l
         recv_act=_payload(act, inp), recv_grad=_payload(grad, out),
         send_act=0 if isinstance(act, Plain) else _payload(act, out),
         send_grad=0 if isinstance(grad, Plain) else _payload(grad, inp),
-        grad_input=inp, retained=kept, batch=batch, update_temps=optimizer_step_temporaries(optimizer),
+        grad_input=inp, retained=kept, batch=batch, update_temps=update_temporaries(optimizer),
         backward_temps=_stage_transient(prints, transients, a, b, last) if transients else 0,
         versions=versions)
+
+
+@runtime_checkable
+class StatesTemporaries(Protocol):
+    """An optimizer of the methods' own that states its step's temporaries (SpikeCompensatedSGD)."""
+
+    def step_temporaries(self) -> int: ...
+
+
+def update_temporaries(optimizer: torch.optim.Optimizer) -> int:
+    """The bytes one optimizer step allocates and frees: an optimizer of the methods' own states them
+    (StatesTemporaries), torch's are derived from its implementation (harness/memory/update.py)."""
+    if isinstance(optimizer, StatesTemporaries):
+        return optimizer.step_temporaries()
+    return optimizer_step_temporaries(optimizer)
 
 
 def _stage_transient(prints: list[Footprint], transients: list[int], a: int, b: int, last: bool) -> int:
@@ -137,7 +153,7 @@ class StageWalk:
 
 
 def backward_transients(blocks: list[nn.Module], example: torch.Tensor, loss: nn.Module,
-                        prints: list[Footprint]) -> list[int]:
+                        prints: list[Footprint], accumulate: bool = True) -> list[int]:
     """Each block's backward transient on `example` fed through the chain (`loss` last; `prints` their
     footprints): the allocator's peak over one forward and backward of the block alone (harness/memory/passes.py;
     the block's input and the gradient flowing in exist before it) less what the plan counts apart (the block's
@@ -145,8 +161,9 @@ def backward_transients(blocks: list[nn.Module], example: torch.Tensor, loss: nn
     workspaces. Profiled twice, the larger kept: as a step's first backward runs (no .grad yet: autograd's
     AccumulateGrad keeps each new gradient as the .grad) and as a later one does (the .grad exists: each new
     gradient is a temporary added into it, alive with the op's workspaces; CPU convolution_backward holds two
-    weight-sized buffers then, digits-resnet's 64x64 conv: 2 x 147,456 B). A stage's backward transient is its
-    largest block's. Buffers (BatchNorm's statistics) and the RNG
+    weight-sized buffers then, digits-resnet's 64x64 conv: 2 x 147,456 B). Without `accumulate` (a method whose
+    every backward is the first since an update, as PB's one sample per tick) only the first is profiled. A stage's
+    backward transient is its largest block's. Buffers (BatchNorm's statistics) and the RNG
     are as they were on return."""
     chain = [*blocks, loss]
     device = example.device
@@ -168,7 +185,7 @@ def backward_transients(blocks: list[nn.Module], example: torch.Tensor, loss: nn
             p = prints[index]
             counted = p.saved_bytes + (0 if p.saves_output else p.output_bytes)
             first = pass_peak(one, [block], device) - gradient_bytes([block])
-            later = pass_peak(one, [block], device, accumulate=True)
+            later = pass_peak(one, [block], device, accumulate=True) if accumulate else 0
             out.append(max(0, first - counted, later - counted))
             x = y
     return out
