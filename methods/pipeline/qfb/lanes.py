@@ -36,7 +36,11 @@ class LaneStage(Stage):
     time it ended is kept in `ready_at[key]` and LaneExecutor starts the backward's trace event there (the wait shows
     as idle, not as compute). The version a forward used is kept apart from the saved microbatch (`versions`), since
     the backward may consume that before the forward lane asks for it. `abort()` wakes a waiting backward with an
-    error (the other lane failed)."""
+    error (the other lane failed).
+
+    `credits` (set where the lanes are threads: LaneExecutor): the most microbatches the stage holds at once (forward
+    done, backward not yet); a forward waits for a backward to end until it holds fewer (methods/pipeline/qfb/
+    credits.py: the one-lane order's most plus one), and its trace event starts when the wait ended (`ready_at`)."""
 
     #: Seconds a backward waits for its forward before it gives up (a lost forward would otherwise hang the rank).
     wait_s = 600.0
@@ -50,8 +54,13 @@ class LaneStage(Stage):
         self.ready_at: dict[Key, float] = {}  # perf_counter() when a backward that waited for its forward could start
         self.failed: str | None = None
         self.done = threading.Condition()
+        self.credits: int | None = None
+        self.holding: set[Key] = set()  # forward done, backward not yet (counted only with credits)
+        self.forward_ready_at: dict[Key, float] = {}  # perf_counter() when a forward that waited for a credit started
 
     def forward(self, key: Key, x: torch.Tensor, y: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
+        if self.credits is not None:
+            self._take_credit(key)
         out = super().forward(key, x, y, scale)
         version = super().version_of(key)  # before the key is published: no backward can have taken it yet
         with self.done:
@@ -60,6 +69,27 @@ class LaneStage(Stage):
             self.versions[key] = version
             self.done.notify_all()
         return out
+
+    def _take_credit(self, key: Key) -> None:
+        """Block until the stage holds fewer microbatches than its credits (a backward ended), then count `key`."""
+        with self.done:
+            if len(self.holding) >= self.credits:
+                if not self.done.wait_for(lambda: len(self.holding) < self.credits or self.failed is not None,
+                                          self.wait_s):
+                    raise RuntimeError(f"stage {self.index}: the forward of microbatch {key} found no credit within "
+                                       f"{self.wait_s:.0f} s ({len(self.holding)} microbatches held)")
+                self.forward_ready_at[key] = time.perf_counter()
+            if self.failed is not None:
+                raise RuntimeError(f"stage {self.index}: {self.failed}")
+            self.holding.add(key)
+
+    def backward(self, key: Key, grad_output: torch.Tensor | None = None) -> torch.Tensor | None:
+        grad = super().backward(key, grad_output)
+        if self.credits is not None:
+            with self.done:  # its bytes are freed: the credit goes back to the forward lane
+                self.holding.discard(key)
+                self.done.notify_all()
+        return grad
 
     def version_of(self, key: Key) -> int:
         self.wait_for_forward(key)
@@ -148,10 +178,13 @@ class LaneExecutor:
         return Trace(sorted(events, key=lambda e: e.start))
 
     def _compute_only(self, event: TraceEvent) -> TraceEvent:
-        """A backward that waited for its forward starts when the wait ended (LaneStage.ready_at)."""
-        if event.op != Op.BACKWARD.value or event.stage not in self.stages:
+        """A backward that waited for its forward, or a forward that waited for a credit, starts when the wait ended
+        (LaneStage.ready_at, forward_ready_at)."""
+        if event.op not in (Op.BACKWARD.value, Op.FORWARD.value) or event.stage not in self.stages:
             return event
-        ready = self.stages[event.stage].ready_at.pop((event.iteration, event.mb), None)
+        stage = self.stages[event.stage]
+        waits = stage.ready_at if event.op == Op.BACKWARD.value else stage.forward_ready_at
+        ready = waits.pop((event.iteration, event.mb), None)
         return event if ready is None else event._replace(start=min(max(event.start, ready), event.end))
 
     def flush(self) -> None:

@@ -3,6 +3,7 @@ quantized activations and 2-Step GC gradients."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -10,16 +11,21 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from harness.data.tensors import Batch
+from harness.memory import MemoryBytes
 from harness.method import RunContext, StepStats
+from harness.schedule.held import in_flight_peaks
 from harness.schedule.ir import FORWARD_LANE_OPS, Schedule
 from harness.trace import StepSchedule
 from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.codecs import Codec, make_codec
 from methods.pipeline.core.interleaver import validate
+from methods.pipeline.core.memory import StageWalk
 from methods.pipeline.core.params import CodecName, PipelineParams
 from methods.pipeline.core.placement import place
+from methods.pipeline.core.step_bytes import rank_peaks
 from methods.pipeline.core.versions import Live, WeightPolicy
 from methods.pipeline.qfb.ahead import AheadVersions
+from methods.pipeline.qfb.credits import lane_credits, lane_order
 from methods.pipeline.qfb.lanes import LabelledLanes, LaneExecutor, LaneStage, SingleRankLanes
 from methods.pipeline.qfb.piecewise import Piecewise
 from methods.pipeline.qfb.schedule import Sync, ahead_lead, qfb_ahead_drain, qfb_ahead_tick, qfb_drain, qfb_tick
@@ -131,6 +137,9 @@ class QFB(PipelineMethod):
                 comms = [ctx.comm.subgroup(list(range(ctx.world_size))) for _ in range(2)]
                 self.lanes = LaneExecutor(ctx.rank, mine, comms, self.placement, self.wire, self.lane_threads)
                 self.executor = SingleRankLanes(self.lanes) if self.virtual else self.lanes
+                credits = lane_credits(self.planned_steps(one_lane=True))
+                for (rank, s), stage in self.workers.items():
+                    stage.credits = credits[(rank, s)]
 
     # -- schedule --------------------------------------------------------------------------------------------------
     @classmethod
@@ -148,8 +157,31 @@ class QFB(PipelineMethod):
     def schedule_at(self, step: int) -> Schedule:
         return self.rank_schedule(step)
 
-    def forward_lane(self) -> bool:
-        return self.ctx.params.lanes == 2
+    # -- memory: the lanes under their credits ---------------------------------------------------------------------
+    def planned_steps(self, one_lane: bool = False) -> list[Schedule]:
+        """The first 4S + 4 steps' lists, as the memory plan walks them: where the lanes are threads, each rank's in
+        the order its lanes hold the most at once under their credits (credits.py lane_order); else (one lane, or
+        the virtual mode's lanes run in one thread, in the list's order) as listed."""
+        steps = [self.rank_schedule(t) for t in range(4 * self.num_stages + 4)]
+        if one_lane or self.lanes is None:
+            return steps
+        return lane_order(steps, lane_credits(steps))
+
+    def memory_plan(self) -> dict[int, MemoryBytes]:
+        """Per rank, the StepBytes walk of planned_steps (core/step_bytes.py) with each stage's terms."""
+        steps = self.planned_steps()
+        peaks = in_flight_peaks(steps)
+        terms = {(rank, s): self.stage_terms(stage, peaks.get((rank, s), 0))
+                 for (rank, s), stage in sorted(self.workers.items())}
+        return rank_peaks(steps, terms)
+
+    def stage_walk(self, stages: int) -> StageWalk:
+        """The planners' walk of a candidate stage: the default step's lists, with two lanes in their order under
+        the credits (as the runner's plan walks them)."""
+        step = type(self).step_schedule(max(stages, 1), self.ctx.params.microbatches)
+        if self.ctx.params.lanes == 2:
+            step = replace(step, ranks=lane_order([step.ranks], lane_credits([step.ranks]))[0])
+        return StageWalk(step)
 
     def rank_schedule(self, window: int) -> Schedule:
         p = self.ctx.params
