@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.report.tables import numeric
 from harness.results import RunResult, reached_target, read_json
 from harness.trace import TraceEvent, parse_events
 
@@ -93,12 +94,6 @@ class RunMeasure:
                            params], sort_keys=True, default=str)
 
 
-def numbers(frame: pd.DataFrame, column: str) -> pd.Series:
-    if column not in frame.columns:
-        return pd.Series(np.nan, index=frame.index, dtype=float)
-    return pd.to_numeric(frame[column], errors="coerce").astype(float)
-
-
 def step_seconds(train: pd.DataFrame, quantile: float = 0.5) -> tuple[float, int]:
     """(train seconds per step, steps), robust to the bursts of other work on a shared machine: per rank, the time
     of each step after the first (train time between consecutive records / steps between); the `quantile` (the
@@ -106,13 +101,13 @@ def step_seconds(train: pd.DataFrame, quantile: float = 0.5) -> tuple[float, int
     several), weighted by the groups' shares of steps; the max over ranks (the slowest rank sets the pace). NaN
     with fewer than two records."""
     best, steps = math.nan, 0
-    for _, records in train.groupby(numbers(train, "rank")):
-        records = records[numbers(records, "step").notna() & numbers(records, "train_time_s").notna()]
-        step, time = numbers(records, "step").to_numpy(), numbers(records, "train_time_s").to_numpy()
+    for _, records in train.groupby(numeric(train, "rank")):
+        records = records[numeric(records, "step").notna() & numeric(records, "train_time_s").notna()]
+        step, time = numeric(records, "step").to_numpy(), numeric(records, "train_time_s").to_numpy()
         if len(step) < 2 or step[-1] <= step[0]:
             continue
         per_step = np.diff(time) / np.diff(step)
-        ratio = (numbers(records, "payload_bytes") / numbers(records, "dense_bytes")).round(9).to_numpy()[1:]
+        ratio = (numeric(records, "payload_bytes") / numeric(records, "dense_bytes")).round(9).to_numpy()[1:]
         groups = pd.Series(per_step).groupby(pd.Series(ratio).fillna(-1.0))
         value = float(sum(group.quantile(quantile) * len(group) for _, group in groups) / len(per_step))
         best = value if math.isnan(best) else max(best, value)
@@ -133,17 +128,17 @@ def measure(run: RunResult, quantile: float = 0.5) -> RunMeasure:
     if len(evals):
         reached = evals[reached_target(evals, spec)]
         if len(reached):
-            steps_to_target = int(numbers(reached, "step").iloc[0])
-            time_to_target = float(numbers(reached, "train_time_s").iloc[0])
+            steps_to_target = int(numeric(reached, "step").iloc[0])
+            time_to_target = float(numeric(reached, "train_time_s").iloc[0])
     out = RunMeasure(run, config_label(run.label, network_text, int(spec["world_size"])), network_text, step_s,
                      steps, steps_to_target, time_to_target, quantile=quantile)
-    later = train[numbers(train, "step") > 1]
+    later = train[numeric(train, "step") > 1]
     for column in ("compress_s", "decompress_s", "communicate_s", "payload_bytes", "dense_bytes"):
-        values = numbers(later, column).dropna()
+        values = numeric(later, column).dropna()
         if len(values):
             out.compression[column] = float(values.quantile(quantile) if column.endswith("_s") else values.mean())
     if "payload_bytes" in out.compression and out.compression.get("dense_bytes"):
-        ratios = (numbers(later, "payload_bytes") / numbers(later, "dense_bytes")).dropna()
+        ratios = (numeric(later, "payload_bytes") / numeric(later, "dense_bytes")).dropna()
         counts = Counter(round(float(r), 9) for r in ratios)
         out.payload_mix = [(ratio, count / len(ratios)) for ratio, count in sorted(counts.items())]
     if "collective" in later.columns and later["collective"].notna().any():
@@ -170,7 +165,7 @@ def read_pipeline(out: RunMeasure, metrics: pd.DataFrame, train: pd.DataFrame) -
     if not out.traces:
         return
     out.partition = read_json(out.run.run_dir / "partition.json")
-    last = train.sort_values("step").groupby(numbers(train, "rank")).tail(1)
+    last = train.sort_values("step").groupby(numeric(train, "rank")).tail(1)
     template = out.traces[max(out.traces)]
     for record in last.to_dict("records"):
         rank, step = int(record["rank"]), int(record["step"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -21,12 +21,12 @@ from harness.project.tables import (
 from harness.report.csvfile import write_csv
 
 
-def seconds(value: float) -> str:
-    return "-" if value != value else f"{value:.4g}"
+def cell(spec: str, suffix: str = "") -> Callable[[float], str]:
+    """A cell's text: format(value, spec) + suffix, '-' for NaN."""
+    return lambda value: "-" if value != value else format(value, spec) + suffix
 
 
-def percent(value: float) -> str:
-    return "-" if value != value else f"{value:+.1%}"
+seconds, percent, share = cell(".4g"), cell("+.1%"), cell(".0%")
 
 
 def write_projection(suite_dir: Path, out: Path, settings: Settings, world_sizes: Sequence[int],
@@ -51,9 +51,8 @@ def write_projection(suite_dir: Path, out: Path, settings: Settings, world_sizes
         print(f"  note: {line}")
     shown = table.assign(**{c: table[c].map(seconds) for c in (
         "step_time_s", "time_to_target_s", "compute_s", "compression_s", "exposed_comm_s", "bubble_s", "other_s")},
-        samples_per_s=table["samples_per_s"].map(lambda v: "-" if v != v else f"{v:.0f}"),
-        speedup=table["speedup"].map(lambda v: "-" if v != v else f"{v:.2f}x"),
-        bubble=table["bubble"].map(lambda v: "-" if v != v else f"{v:.0%}"))
+        samples_per_s=table["samples_per_s"].map(cell(".0f")), speedup=table["speedup"].map(cell(".2f", "x")),
+        bubble=table["bubble"].map(share))
     print(shown.drop(columns=["method", "batch_size"]).to_string(index=False))
     print(f"Assumption: {TTT_ASSUMPTION}. Speed-up: throughput over its workload's baseline's ({chosen} where it "
           "ran, else the workload's first ddp).")
@@ -95,7 +94,7 @@ def write_validation(suite, settings: Settings, out: Path) -> pd.DataFrame:
         elif column.endswith("_s"):
             shown[column] = shown[column].map(seconds)
         elif column.endswith("bubble"):
-            shown[column] = shown[column].map(lambda v: "-" if v != v else f"{v:.0%}")
+            shown[column] = shown[column].map(share)
     print("Validation on held-out runs (error = projected / measured - 1):")
     print(shown.to_string(index=False))
     summary = error_summary(validation)

@@ -122,18 +122,11 @@ def repeat(template: Sequence[Sequence[Task]], steps: int, shift: int, iteration
              for r in range(steps) for t in rank] for rank in template]
 
 
-def run_tasks(ranks: list[list[Task]], link: Link, host: Host = DEDICATED, calibrated: float = 1.0
-              ) -> tuple[float, float, float, float]:
-    """(period, period on a free link, mean busy time per rank, bubble) of simulated steps. On a host whose cores
-    the ranks share (a held-out run of a small machine), compute is slowed by the sharing the step implies
-    (host.shared_run), from durations with the calibration's own sharing `calibrated` taken out."""
-    period, busy, bubble = run_on_link(ranks, link, host, calibrated)
-    return period, run_on_link(ranks, FREE, host, calibrated)[0], busy, bubble
-
-
 def run_on_link(ranks: list[list[Task]], link: Link, host: Host = DEDICATED, calibrated: float = 1.0
                 ) -> tuple[float, float, float]:
-    """(period, mean busy time per rank, bubble) of the simulated steps on `link` (run_tasks' sharing)."""
+    """(period, mean busy time per rank, bubble) of simulated steps on `link`. On a host whose cores the ranks
+    share (a held-out run of a small machine), compute is slowed by the sharing the step implies (host.shared_run),
+    from durations with the calibration's own sharing `calibrated` taken out."""
     base = scaled(ranks, 1 / calibrated) if calibrated != 1.0 else ranks
     window = set(range(SIMULATED_STEPS // 2, SIMULATED_STEPS))
     spans, _ = shared_run(base, host, lambda tasks: simulate(tasks, link), window)
@@ -172,11 +165,6 @@ class PipelineModel:
     #: on a free link per host (the crossover scan projects one shape at hundreds of rates).
     shapes: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     free_periods: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-
-    def same_shape(self, world_size: int, batch: int, microbatches: int, ranges: list[tuple[int, int]] | None
-                   ) -> bool:
-        return (world_size, batch, microbatches) == (self.world_size, self.batch_size, self.microbatches) and (
-            ranges is None or list(ranges) == list(self.ranges))
 
     def stage_costs(self, ranges: Sequence[tuple[int, int]], microbatch: float) -> tuple[list[StageCosts], bool]:
         """Per stage of `ranges`: the blocks' profiled costs at `microbatch` samples times their scales."""
@@ -256,7 +244,8 @@ class PipelineModel:
                ) -> tuple[list[list[Task]] | None, bool, list[str]]:
         """(tasks, traced, notes) of a shape: the traced step when it is the calibration's, else a generated order
         and its notes; (None, False, [why]) when none can be made."""
-        if self.same_shape(world_size, batch, microbatches, ranges):
+        if (world_size, batch, microbatches) == (self.world_size, self.batch_size, self.microbatches) and (
+                ranges is None or list(ranges) == list(self.ranges)):
             return repeat(self.template, SIMULATED_STEPS, self.shift, self.iteration_shift), True, []
         try:
             ranks, more = self.generated(world_size, batch, microbatches, ranges)
@@ -326,7 +315,7 @@ def calibrate_pipeline(measures: Sequence[RunMeasure], profile: BlockCosts | Non
     host = host_of(first.spec, first.run.manifest)
     if host.oversubscribed:  # its durations carry the sharing of its own host's cores
         model.host_factor = sharing(simulate(repeated, link), host, set(range(SIMULATED_STEPS // 2, SIMULATED_STEPS)))
-    model.overhead_s = measured - run_tasks(repeated, link, host, model.host_factor)[0]
+    model.overhead_s = measured - run_on_link(repeated, link, host, model.host_factor)[0]
     if profile is None or not ranges or ranges[-1][1] != profile.blocks:
         model.notes.append("no block costs matching the partition: projections keep the traced shape")
         return model
@@ -334,7 +323,7 @@ def calibrate_pipeline(measures: Sequence[RunMeasure], profile: BlockCosts | Non
     step = step_schedule(model.method, model.world_size, model.microbatches)
     if step is not None and len(set(model.ranges)) == len(model.ranges) == step.stage_count:
         ranks, _ = model.generated(model.world_size, model.batch_size, model.microbatches, model.ranges)
-        model.generated_overhead_s = measured - run_tasks(ranks, link, host, model.host_factor)[0]
+        model.generated_overhead_s = measured - run_on_link(ranks, link, host, model.host_factor)[0]
     return model
 
 

@@ -39,7 +39,6 @@ def blocks(times, params=None, activations=None) -> list[BlockProfile]:
 def test_equal_blocks_split_in_the_middle():
     plan = straight_partition(blocks([1, 1, 1, 1]), stages=2)
     assert plan.ranges == [(0, 2), (2, 4)]
-    assert plan.boundaries == [0, 2]
     assert plan.replicas == [1, 1]
     assert plan.slowest_s == pytest.approx(2.0)
 

@@ -46,34 +46,33 @@ class Codec(abc.ABC):
         return None
 
 
-class Plain(Codec):
-    """fp32 as it is: the payload is the tensor's own bytes (no copy for a contiguous tensor)."""
+class Cast(Codec):
+    """The tensor cast to `dtype`: the payload is its bytes (no copy for a contiguous fp32 tensor sent as fp32)."""
 
-    name = "none"
+    dtype: ClassVar[torch.dtype]
 
     def nbytes(self, numel: int) -> int:
-        return 4 * numel
+        return self.dtype.itemsize * numel
 
     def encode(self, tensor: torch.Tensor, stream: Any = None) -> torch.Tensor:
-        return tensor.detach().float().contiguous().view(-1).view(torch.uint8)
+        return tensor.detach().to(self.dtype).contiguous().view(-1).view(torch.uint8)
 
     def decode(self, payload: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        return payload.view(torch.float32).view(shape)
+        return payload.view(self.dtype).view(shape).float()
 
 
-class Half(Codec):
+class Plain(Cast):
+    """fp32 as it is."""
+
+    name = "none"
+    dtype = torch.float32
+
+
+class Half(Cast):
     """fp16: half the bytes; relative error at most 2^-11 per element within fp16's range (|x| < 65504)."""
 
     name = "fp16"
-
-    def nbytes(self, numel: int) -> int:
-        return 2 * numel
-
-    def encode(self, tensor: torch.Tensor, stream: Any = None) -> torch.Tensor:
-        return tensor.detach().to(torch.float16).contiguous().view(-1).view(torch.uint8)
-
-    def decode(self, payload: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        return payload.view(torch.float16).view(shape).float()
+    dtype = torch.float16
 
     def error_bound(self, tensor: torch.Tensor) -> float:
         return float(tensor.abs().max()) * 2.0**-11 if tensor.numel() else 0.0

@@ -32,11 +32,6 @@ class StagePlan:
     sync_s: float = 0.0
     transfer_s: float = 0.0
 
-    @property
-    def bottleneck_s(self) -> float:
-        """The larger of the stage's time and its incoming transfer: its term in the pipeline's max."""
-        return max(self.predicted_s, self.transfer_s)
-
 
 @dataclass(frozen=True)
 class PartitionPlan:
@@ -45,11 +40,6 @@ class PartitionPlan:
     stages: tuple[StagePlan, ...]
     bandwidth: float
     slowest_s: float
-
-    @property
-    def boundaries(self) -> list[int]:
-        """The first block of every stage, e.g. [0, 2] for [0, 2) + [2, 4)."""
-        return [stage.start for stage in self.stages]
 
     @property
     def ranges(self) -> list[tuple[int, int]]:
@@ -148,7 +138,7 @@ def pipedream_partition(
             best = found
     if best is None:  # only under a budget: one stage on all workers is otherwise always feasible
         raise NoPlanFits(f"no partition of {len(profiles)} blocks on {workers} workers fits {budget} bytes per rank")
-    return predict(profiles, [(s, e) for s, e, _ in best[1]], bandwidth, replicas=[r for _, _, r in best[1]])
+    return predict(profiles, [(s, e) for s, e, _ in best[1]], bandwidth, [r for _, _, r in best[1]])
 
 
 def straight_partition(profiles: Sequence[BlockProfile], stages: int, bandwidth: float = 1e9,
@@ -212,9 +202,9 @@ def predict(
                 transfer_s=transfer_time(profiles[start - 1].activation_bytes, bandwidth) if start > 0 else 0.0,
             )
         )
-    return PartitionPlan(
-        stages=tuple(stages), bandwidth=bandwidth, slowest_s=max(stage.bottleneck_s for stage in stages)
-    )
+    # the objective: each stage's time or its incoming transfer, whichever is larger
+    slowest_s = max(max(stage.predicted_s, stage.transfer_s) for stage in stages)
+    return PartitionPlan(stages=tuple(stages), bandwidth=bandwidth, slowest_s=slowest_s)
 
 
 _Solution = tuple[float, tuple[tuple[int, int, int], ...]]  # (slowest stage time, ((start, end, replicas), ...))
