@@ -91,6 +91,13 @@ class CompressedDDP(DDP):
         return (super().held_buffer_bytes() + tensor_bytes(state_tensors(self.memory.state_dict()))
                 + self.compressor.scratch_bytes())
 
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """ddp's forward and backward, then the hook's payloads, futures and callbacks let go of on this thread
+        (CompressionHook.retired), before the update."""
+        loss = super().forward_backward(x, y)
+        self.hook.retired.release()
+        return loss
+
     def train_step(self, batch: Batch) -> StepStats:
         stats = super().train_step(batch)
         stats.extra.update(self.hook.stats.pop())

@@ -9,6 +9,7 @@ import torch
 from harness.comm.communicator import Communicator
 from methods.compression.core import Compressed, Compressor, Memory
 from methods.compression.packing import from_wire, to_wire
+from methods.compression.retire import Retired
 from methods.compression.stats import CompressionStats
 
 
@@ -21,6 +22,9 @@ class CompressionHook:
     decompressed once. Otherwise the bucket's payloads travel as one flat byte buffer, all-gathered (every rank's
     layout is the same, so no padding or size exchange is needed), and every rank decompresses every rank's
     payload. Either way the average is written into the bucket.
+
+    A step's payloads, futures and callbacks are kept in `retired` until the method releases them on the main
+    thread after its backward (methods/compression/retire.py: the CPU allocator's meter sees their frees there).
     """
 
     def __init__(self, comm: Communicator, compressor: Compressor, memory: Memory,
@@ -39,6 +43,7 @@ class CompressionHook:
             raise ValueError("a compressor whose payloads sum is all-reduced in its own dtype: it cannot be mixed "
                              "with dense fp32 tensors (leave min_compress_numel at 0)")
         self.stats = CompressionStats()
+        self.retired = Retired()  # a step's payloads, futures and callbacks, released on the main thread
 
     def _codec(self, name: str) -> Compressor:
         return _DENSE if name in self.dense else self.compressor
@@ -78,21 +83,29 @@ class CompressionHook:
         self.stats.compress_s += sent - start
         self.stats.dense_bytes += buffer.numel() * 4
         self.stats.payload_bytes += wire.numel() * wire.element_size()
+        # The callback reads its tensors from a bag held until the method releases it on the main thread after the
+        # backward (retire.py), never from its closure: gloo's thread drops the callback and the collective's
+        # references, where the allocator's meter cannot see a free.
+        bag = self.retired.bag(wire=wire, gathered=gathered, items=items, named=named)
         if self.compressor.sums:
             fut = self.comm.all_reduce(wire, "gradients", async_op=True)
+            self.retired.sent(wire)
         else:
             fut = self.comm.all_gather_into(gathered, wire, "gradients", async_op=True)
+            self.retired.sent(wire, gathered)
+        del wire, gathered, items, named
 
         def finish(f):
             arrived = time.perf_counter()
             self.stats.communicate_s += arrived - sent
             f.wait()  # re-raises a communication error here
+            items, named = bag["items"], bag["named"]
             if self.compressor.sums:
-                parts = iter(wire.split(sizes))
+                parts = iter(bag["wire"].split(sizes))
                 payloads = [[next(parts).view_as(t) for t in item.payload] for item in items]
                 rows = [payloads]
             else:
-                rows = [from_wire(row, layout) for row in gathered.view(world, -1).unbind(0)]
+                rows = [from_wire(row, layout) for row in bag["gathered"].view(world, -1).unbind(0)]
             for i, (name, grad, _) in enumerate(named):
                 # The compressed inputs are no longer needed: the bucket slice becomes the sum of decoded payloads.
                 codec = self._codec(name)
