@@ -27,7 +27,14 @@ class StageTerms:
     gradient a backward sends back (kept as the send's buffer); `retained`, what a zero-bubble B keeps for its W
     besides `saved` (the gradients at the weights' graph nodes). Per step: `gradients` (one per parameter, from the
     step's first backward to its update) and `batch` (the first stage's inputs, the last stage's labels). Transients:
-    `backward_temps` (a backward's own, beyond its gradients) and `update_temps` (the optimizer's step)."""
+    `backward_temps` (a backward's own, beyond its gradients) and `update_temps` (the optimizer's step).
+    Where a method profiles or keeps more per microbatch (0 or None: not used): `stash`, the weight version a
+    forward keeps for its backward (held F..B as `versions`, instead of throughout); `kept_batch`, the first stage's
+    input its forward saves, held until its backward past the step that loaded it (PB: a step's batch is one sample,
+    its backward 2(S-1) steps later); `backward_peak`, the stage's whole backward profiled at once (the most bytes it
+    holds above what existed before it: the gradients it makes, its transients, less the saved tensors autograd
+    lets go as it goes; its input's gradient apart), for a step's first backward, instead of `gradients` +
+    `backward_temps` on top of everything the microbatch saved."""
 
     weights: int
     gradients: int
@@ -45,6 +52,9 @@ class StageTerms:
     backward_temps: int = 0
     update_temps: int = 0
     versions: int = 0
+    stash: int = 0
+    kept_batch: int = 0
+    backward_peak: int | None = None
 
 
 @dataclass
@@ -55,12 +65,15 @@ class _Live:
     activations: int = 0
     buffers: int = 0
     inputs: int = 0
+    versions: int = 0
     owed: dict[tuple, int] = field(default_factory=dict)  # (stage, key) -> activation bytes its backward frees
+    stashes: dict[tuple, int] = field(default_factory=dict)  # (stage, key) -> the weight version its forward kept
+    carried: dict[tuple, tuple[int, int]] = field(default_factory=dict)  # (stage, key) -> (step, kept batch bytes)
     messages: dict[tuple, int] = field(default_factory=dict)  # (step, what, stage, key) -> buffer bytes
     graded: set[int] = field(default_factory=set)  # stages whose gradients exist (since their last update)
 
     def total(self) -> int:
-        return self.gradients + self.activations + self.buffers + self.inputs
+        return self.gradients + self.activations + self.buffers + self.inputs + self.versions
 
 
 class StepBytes(Handler[tuple[int, Action]]):
@@ -81,7 +94,7 @@ class StepBytes(Handler[tuple[int, Action]]):
 
     def _note(self, worker: int, live: _Live, transient: int = 0) -> None:
         now = MemoryBytes(gradients=live.gradients, activations=live.activations, buffers=live.buffers,
-                          inputs=live.inputs, temporaries=transient)
+                          inputs=live.inputs, versions=live.versions, temporaries=transient)
         if worker not in self.peaks or now.total > self.peaks[worker].total:
             self.peaks[worker] = now
 
@@ -92,7 +105,8 @@ class StepBytes(Handler[tuple[int, Action]]):
                 live.messages[(key[2], key[3], "kept")] = live.messages.pop(key)
             else:
                 live.buffers -= live.messages.pop(key)
-        live.inputs = sum(t.batch for (w, _), t in self.terms.items() if w == worker)
+        live.inputs = sum(t.batch for (w, _), t in self.terms.items() if w == worker) + sum(
+            size for loaded, size in live.carried.values() if loaded < step)
         for a in self.receives.get((worker, step), []):
             t = self.terms.get((worker, a.stage))
             if t is None:
@@ -131,6 +145,10 @@ class StepBytes(Handler[tuple[int, Action]]):
         elif a.op is Op.FORWARD:
             live.owed[(a.stage, a.key)] = t.saved
             live.activations += t.saved
+            live.stashes[(a.stage, a.key)] = t.stash
+            live.versions += t.stash
+            if t.kept_batch:
+                live.carried[(a.stage, a.key)] = (step, t.kept_batch)
             if t.output and t.send_act:  # a codec sends a copy: the stage keeps its output until the backward
                 live.messages[(a.stage, a.key, "kept")] = t.output
                 live.buffers += t.output
@@ -143,16 +161,24 @@ class StepBytes(Handler[tuple[int, Action]]):
                 dx = (a.stage, a.key, "encoded dx") if t.send_grad else (step, "send", a.stage, a.key, "dx")
                 live.messages[dx] = t.grad_input
                 live.buffers += t.grad_input
-            if releases and a.stage not in live.graded:
+            newly = releases and a.stage not in live.graded
+            if newly:
                 live.graded.add(a.stage)
                 live.gradients += t.gradients
-            transient = t.backward_temps
+            transient, unmade = t.backward_temps, 0
+            if t.backward_peak is not None and a.op is Op.BACKWARD and newly:  # profiled whole: before + its peak
+                transient, unmade = max(0, t.backward_peak - t.gradients), max(0, t.gradients - t.backward_peak)
+            live.gradients -= unmade  # the moment is exact in total; what the saved tensors let go made room for
             self._note(worker, live, transient)
+            live.gradients += unmade
             if a.op is not Op.BACKWARD_WEIGHT:  # the received gradient lives through the backward it feeds
                 for k in [k for k in live.messages if k[1] is Op.RECV_GRAD and k[2] == a.stage and k[3] == a.key]:
                     live.buffers -= live.messages.pop(k)
             if releases:
                 live.activations -= live.owed.pop((a.stage, a.key), 0)
+                live.versions -= live.stashes.pop((a.stage, a.key), 0)
+                loaded, size = live.carried.pop((a.stage, a.key), (step, 0))
+                live.inputs -= size if loaded < step else 0
                 live.buffers -= live.messages.pop((a.stage, a.key, "kept"), 0)
                 for k in [k for k in live.messages if k[1] is Op.RECV_ACT and k[2] == a.stage and k[3] == a.key]:
                     live.buffers -= live.messages.pop(k)
