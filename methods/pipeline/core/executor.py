@@ -154,6 +154,7 @@ class ProcessExecutor:
         trace = Trace()
         clock = time.perf_counter
         for index, a in enumerate(actions):
+            self.starting(a)
             start = clock()
             version = -1
             if a.op in RECEIVES:
@@ -197,6 +198,10 @@ class ProcessExecutor:
             trace.add(a, start, clock(), version)
         self._retire()
         return trace
+
+    def starting(self, a: Action) -> None:
+        """Before action `a` runs, outside its trace event (default: nothing; Q-FB's forward lane waits there for a
+        stage's credit, methods/pipeline/qfb/lanes.py)."""
 
     def _sync(self, stage: Stage) -> None:
         flat = torch.cat([stage.flat_gradients(), torch.tensor([float(stage.backwards_since_update)])])
