@@ -229,7 +229,9 @@ def _run(spec: RunSpec, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: st
     except DoesNotFit as exc:  # a planner found nothing that fits memory_per_rank
         meter.stop()
         return _refuse(run_dir, rank, comm, writer, str(exc), None, spec.memory_per_rank)
-    planned = memory_gate.gather(method.memory_plan(), comm, device)  # before the per-rank RNG: a plan may profile
+    plan = method.memory_plan()  # before the per-rank RNG: a plan may profile (inside the watch: it is the method's)
+    meter.pause()  # the plan's gather across ranks and the records below are the runner's, not the method's
+    planned = memory_gate.gather(plan, comm, device)
     torch.manual_seed(spec.seed + 1 + rank)  # per-rank stream for stochastic methods (compression, dropout)
     if rank == 0:
         writer.write("memory", when="planned", memory_per_rank=spec.memory_per_rank,
@@ -241,7 +243,6 @@ def _run(spec: RunSpec, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: st
             meter.stop()
             method.finish()
             return _refuse(run_dir, rank, comm, writer, problem, planned, spec.memory_per_rank)
-    meter.pause()
     startup.mark("method")
 
     loop = Loop(spec, method, instance.train, instance.test, comm, writer, clock, run_dir, heartbeat, meter)
