@@ -26,10 +26,6 @@ def rate_text(bps: float) -> str:
     return f"{bps:.4g}bit"
 
 
-def step_at(calibration: Calibration, world_size: int, bps: float, settings: Settings) -> float:
-    return project_one(calibration, world_size, rate_text(bps), settings).parts.step_s
-
-
 def crossings(gap, rates: Sequence[float]) -> list[float]:
     """Every rate where gap(rate) changes sign between neighbours of `rates`, refined by Brent's method in
     log-rate; fastest first."""
@@ -55,7 +51,7 @@ def crossover_table(suite: CalibratedSuite, world_sizes: Sequence[int], settings
     def step_of(calibration: Calibration, world_size: int, bps: float) -> float:
         key = (id(calibration), world_size, rate_text(bps))
         if key not in known:
-            known[key] = step_at(calibration, world_size, bps, settings)
+            known[key] = project_one(calibration, world_size, key[2], settings).parts.step_s
         return known[key]
 
     compared = [c for c in suite.calibrations if bases.get(c.workload) is not None and bases[c.workload] is not c]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.comm.ring import ring_all_reduce_bytes, ring_all_reduce_time
+from harness.comm.ring import ring_all_reduce_bytes
 from harness.net.spec import NetworkSpec, parse_network
 
 #: Payload share of a shaped Ethernet link under TCP: 1448 payload bytes (MTU 1500 less 20 IP, 20 TCP and 12 bytes
@@ -91,11 +91,6 @@ def shaped_seconds(volume: float, start: float, buckets: list[TokenBucket]) -> f
     return seconds
 
 
-def point_to_point_s(nbytes: float, link: Link) -> float:
-    """One message from one rank to another: alpha + n/B."""
-    return link.alpha_s + link.transfer_s(nbytes)
-
-
 def ring_volume(kind: str, nbytes: float, world_size: int) -> float:
     """Bytes each rank sends (and receives) in a collective: 2(N-1)/N·n for a ring all-reduce, (N-1)·n for a ring
     all-gather and for the root of a broadcast; 0 for one rank."""
@@ -106,31 +101,17 @@ def ring_volume(kind: str, nbytes: float, world_size: int) -> float:
     return {"all_gather": world_size - 1, "broadcast": world_size - 1}[kind] * nbytes
 
 
-def ring_all_reduce_s(nbytes: float, world_size: int, link: Link) -> float:
-    """Ring all-reduce of an n-byte tensor over N ranks (reduce-scatter then all-gather, 2(N-1) rounds of n/N bytes
-    each way; Patarasuk and Yuan 2009): 2(N-1)/N · n/B + 2(N-1)·alpha. Zero for one rank."""
-    return ring_all_reduce_time(nbytes, world_size, link.bandwidth, link.alpha_s)
-
-
-def ring_all_gather_s(nbytes: float, world_size: int, link: Link) -> float:
-    """Ring all-gather of n bytes from each of N ranks (N-1 rounds of n bytes each way): (N-1)·n/B + (N-1)·alpha.
-    Zero for one rank."""
-    if world_size <= 1:
-        return 0.0
-    return (world_size - 1) * (link.transfer_s(nbytes) + link.alpha_s)
-
-
-def broadcast_s(nbytes: float, world_size: int, link: Link) -> float:
-    """Broadcast of n bytes from a root that sends to each other rank in turn (the byte count of docs/results.md:
-    the root sends (N-1)·n): (N-1)·n/B + alpha. Zero for one rank."""
-    if world_size <= 1:
-        return 0.0
-    return (world_size - 1) * link.transfer_s(nbytes) + link.alpha_s
-
-
 def collective_s(kind: str, nbytes: float, world_size: int, link: Link) -> float:
-    """The time of a collective named as train records name it: 'all_reduce', 'all_gather', 'broadcast'."""
-    formulas = {"all_reduce": ring_all_reduce_s, "all_gather": ring_all_gather_s, "broadcast": broadcast_s}
+    """The time of a collective named as train records name it (zero for one rank):
+    - 'all_reduce': reduce-scatter then all-gather, 2(N-1) rounds of n/N bytes each way (Patarasuk and Yuan 2009):
+      2(N-1)/N · n/B + 2(N-1)·alpha;
+    - 'all_gather': n bytes from each of N ranks, N-1 rounds of n bytes each way: (N-1)·n/B + (N-1)·alpha;
+    - 'broadcast': a root that sends to each other rank in turn (the byte count of docs/results.md: the root sends
+      (N-1)·n): (N-1)·n/B + alpha."""
+    n = world_size - 1
+    formulas = {"all_reduce": lambda: ring_volume(kind, nbytes, world_size) / link.bandwidth + 2 * n * link.alpha_s,
+                "all_gather": lambda: n * (link.transfer_s(nbytes) + link.alpha_s),
+                "broadcast": lambda: n * link.transfer_s(nbytes) + link.alpha_s}
     if kind not in formulas:
         raise ValueError(f"unknown collective {kind!r} (known: {', '.join(formulas)})")
-    return formulas[kind](nbytes, world_size, link)
+    return formulas[kind]() if world_size > 1 else 0.0

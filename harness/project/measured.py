@@ -55,9 +55,20 @@ class RunMeasure:
     partition: dict[str, Any] | None = None
     quantile: float = 0.5
 
+    @property
+    def traced_steps(self) -> list[int]:
+        """The traced steps, without step 1 (the warm-up) when there are others."""
+        return [s for s in sorted(self.traces) if not (s == 1 and len(self.traces) > 1)]
+
     def durations(self) -> dict[tuple[int, str, int], float]:
-        """The traced actions' durations per (worker, op, stage), at this measure's quantile."""
-        return duration_quantiles(self.traces, self.quantile)
+        """The `quantile` (median by default) of the traced actions' durations per (worker, op, stage) over the
+        traced steps."""
+        samples: dict[tuple[int, str, int], list[float]] = {}
+        for step in self.traced_steps:
+            for worker, events in self.traces[step].items():
+                for e in events:
+                    samples.setdefault((worker, e.op, e.stage), []).append(e.duration)
+        return {key: float(np.quantile(values, self.quantile)) for key, values in samples.items()}
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -176,16 +187,3 @@ def read_pipeline(out: RunMeasure, metrics: pd.DataFrame, train: pd.DataFrame) -
             if sends and step:
                 for stage in {e.stage for e in sends}:
                     out.message_bytes[(kind, stage)] = sent / step / len(sends)
-
-
-def duration_quantiles(traces: dict[int, dict[int, list[TraceEvent]]], quantile: float = 0.5,
-                       skip_first: bool = True) -> dict[tuple[int, str, int], float]:
-    """The `quantile` (median by default) of the durations per (worker, op, stage) over the traced steps (without
-    step 1, the warm-up, when others exist)."""
-    steps = [s for s in sorted(traces) if not (skip_first and s == 1 and len(traces) > 1)]
-    samples: dict[tuple[int, str, int], list[float]] = {}
-    for step in steps:
-        for worker, events in traces[step].items():
-            for e in events:
-                samples.setdefault((worker, e.op, e.stage), []).append(e.duration)
-    return {key: float(np.quantile(values, quantile)) for key, values in samples.items()}

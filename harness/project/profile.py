@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import TypeAdapter
 from torch import nn
 
 
@@ -47,11 +48,8 @@ class BlockCosts:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BlockCosts:
-        return cls(tuple(int(b) for b in data["batch_sizes"]),
-                   tuple(tuple(float(t) for t in row) for row in data["forward_s"]),
-                   tuple(tuple(float(t) for t in row) for row in data["backward_s"]),
-                   tuple(float(b) for b in data["activation_bytes"]),
-                   tuple(tuple(int(b) for b in row) for row in data["param_bytes"]), float(data["optimizer_s"]))
+        """to_dict's JSON read back, its lists as the fields' tuples of ints and floats."""
+        return TypeAdapter(cls).validate_python(data)
 
 
 def interpolate(sizes: np.ndarray, values: np.ndarray, batch: float) -> list[float]:

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.project.links import Link, TokenBucket, ring_all_reduce_s, shaped_seconds
+from harness.project.links import Link, TokenBucket, collective_s, shaped_seconds
 from harness.schedule.ir import BACKWARDS, COMPUTE, RECEIVES, SENDS, Message, Op, message_key
 from harness.schedule.walk import Handler, walk
 from harness.trace import TraceEvent, step_bubble
@@ -205,7 +205,7 @@ class Timing(Handler[Task]):
         if len(self.waiting[key]) < self.syncs[key]:
             return ()
         start = max(self.waiting[key].values())
-        end = start + ring_all_reduce_s(task.nbytes, self.syncs[key] * task.peers, self.link)
+        end = start + collective_s("all_reduce", task.nbytes, self.syncs[key] * task.peers, self.link)
         members = list(self.waiting.pop(key))
         for member in members:
             self.finish(member, start, end)

@@ -97,14 +97,9 @@ def choose_baseline(suite: CalibratedSuite, requested: str | None) -> str | None
     return next((c.model.label for c in suite.calibrations if c.model.method == "ddp"), labels[0] if labels else None)
 
 
-def traced_steps(run: RunMeasure) -> list[int]:
-    """The traced steps, without step 1 (the warm-up) when there are others."""
-    return [s for s in sorted(run.traces) if not (s == 1 and len(run.traces) > 1)]
-
-
 def measured_bubble(run: RunMeasure) -> float:
     """Median over the traced steps of harness.trace.step_bubble."""
-    values = [step_bubble(list(run.traces[s].values())) for s in traced_steps(run)]
+    values = [step_bubble(list(run.traces[s].values())) for s in run.traced_steps]
     return statistics.median(values) if values else math.nan
 
 
@@ -112,7 +107,7 @@ def measured_busy(run: RunMeasure) -> float:
     """The run's quantile over the traced steps of the mean busy time of a rank (compute and sends), as the
     simulator's compute part counts it."""
     values = [statistics.fmean(sum(e.duration for e in events if e.op in COMPUTE or e.op in SENDS)
-                               for events in run.traces[s].values()) for s in traced_steps(run)]
+                               for events in run.traces[s].values()) for s in run.traced_steps]
     return float(np.quantile(values, run.quantile)) if values else math.nan
 
 

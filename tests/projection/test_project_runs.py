@@ -185,7 +185,8 @@ def test_the_grid_has_every_configuration_at_every_size_and_network(suite):
 
 def test_crossovers_are_found_against_the_baseline(suite):
     from harness.net.spec import parse_rate
-    from harness.project.crossover import crossover_table, step_at
+    from harness.project.crossover import crossover_table, rate_text
+    from harness.project.tables import project_one
 
     calibrated = calibrate_suite(suite, Settings(), suite / "report")
     table = crossover_table(calibrated, [2, 64], Settings(), "ddp").set_index(["label", "world_size"])
@@ -197,7 +198,7 @@ def test_crossovers_are_found_against_the_baseline(suite):
     rate = parse_rate(qsgd["throughput_crossover"])
     calibration = {c.model.label: c for c in calibrated.calibrations}
     def per_sample(label, bps):
-        return step_at(calibration[label], 2, bps, Settings()) / 128
+        return project_one(calibration[label], 2, rate_text(bps), Settings()).parts.step_s / 128
     assert per_sample("qsgd bits=4", rate / 2) < per_sample("ddp", rate / 2)
     assert per_sample("qsgd bits=4", rate * 2) > per_sample("ddp", rate * 2)
 

@@ -193,7 +193,7 @@ def test_lanes_overlap_and_busy_time_counts_them_once():
 def test_a_pipeline_wider_than_the_model_is_copied_and_its_copies_all_reduce_before_each_update():
     """64 ranks and 3 blocks: the deepest pipeline of the method's schedule that fits (2 ranks; 64 is even), 32
     copies of it each on 1/32 of the batch, and before every update a sync whose all-reduce spans the 32 copies."""
-    from harness.project.links import ring_all_reduce_s
+    from harness.project.links import collective_s
     from harness.project.pipemodel import hybrid_shape
     from harness.project.simulate import Task, simulate
 
@@ -204,5 +204,5 @@ def test_a_pipeline_wider_than_the_model_is_copied_and_its_copies_all_reduce_bef
         hybrid_shape("interleaved-1f1b", 2, 4, 1)
     link = link_of("1gbit")
     spans = simulate([[Task("sync_grads", 0, -1, 0.0, 4e6, peers=32), Task("update", 0, -1, 1.0)]], link)[0]
-    assert spans[0].end == pytest.approx(ring_all_reduce_s(4e6, 32, link))
+    assert spans[0].end == pytest.approx(collective_s("all_reduce", 4e6, 32, link))
     assert spans[1].start == spans[0].end

@@ -4,7 +4,7 @@ and partition.json with the predicted and measured stage times."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +29,11 @@ class StageTimes:
     backwards: int = 0
 
     def as_tensor(self) -> torch.Tensor:
-        return torch.tensor([self.forward_s, self.forwards, self.backward_s, self.backwards], dtype=torch.float64)
+        return torch.tensor(astuple(self), dtype=torch.float64)
 
     @classmethod
     def from_tensor(cls, row: torch.Tensor) -> StageTimes:
         return cls(float(row[0]), int(row[1]), float(row[2]), int(row[3]))
-
-    def mean_forward_s(self) -> float:
-        return self.forward_s / max(self.forwards, 1)
-
-    def mean_backward_s(self) -> float:
-        return self.backward_s / max(self.backwards, 1)
 
 
 @dataclass
@@ -136,7 +130,8 @@ def write_partition(path: Path, method: str, plan: Plan, stage_ranks: list[list[
         row = {"stage": s, "blocks": [a, b], "replicas": plan.replicas[s], "ranks": stage_ranks[s],
                "predicted_compute_s": pred.get("compute_s"), "predicted_s": pred.get("predicted_s")}
         if measured is not None:
-            forward, backward = measured[s].mean_forward_s(), measured[s].mean_backward_s()
+            times = measured[s]
+            forward, backward = times.forward_s / max(times.forwards, 1), times.backward_s / max(times.backwards, 1)
             row.update(measured_forward_s=forward, measured_backward_s=backward,
                        measured_compute_s=forward + backward)
         stages.append(row)
