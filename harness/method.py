@@ -104,6 +104,14 @@ class Method(abc.ABC):
         has no schedule the projection can re-shape."""
         return None
 
+    @classmethod
+    def steady_from(cls, world_size: int, params: TrainParams) -> int:
+        """The first step (1-based) of the method's steady state: where the allocator's measured window opens
+        (harness/memory/peak.py AllocatorPeak's `first`; the run records it as `first_step`). Default 2: the step after
+        the first, which creates optimizer state and torch's caches. A method whose steps reach their steady state
+        later (Pipelined Backpropagation's pipeline fills one tick a step) names the first step of it."""
+        return 2
+
     def memory_plan(self) -> dict[int, MemoryBytes] | None:
         """The bytes each rank this process runs (every emulated rank in a virtual mode) will hold at its peak,
         computed before the first step from the method's own structures (harness/memory/kinds.py's kinds: weights,

@@ -222,7 +222,8 @@ def _run(spec: RunSpec, rank: int, rdzv: Rendezvous, run_dir: Path, launcher: st
     ctx = RunContext(rank=rank, world_size=spec.world_size, device=device, workload=instance, params=spec.params,
                      comm=comm, seed=spec.seed, run_dir=run_dir, log=writer.write, memory_per_rank=spec.memory_per_rank)
     torch.manual_seed(spec.seed)
-    meter = AllocatorPeak(device)  # from here: the data set is not in it, everything the method makes is
+    # From here: the data set is not in it, everything the method makes is; measured from the method's steady state.
+    meter = AllocatorPeak(device, first=method_cls.steady_from(spec.world_size, spec.params))
     meter.start()
     try:
         method = method_cls(ctx)
