@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from harness.memory import SCALAR_OPERANDS
+
 
 def spike_coefficients(momentum: float, delay: int) -> tuple[float, float]:
     """(a, b) of SC_D: w <- w - lr·(a·v + b·g) with a = m^D and b = (1 - m^D) / (1 - m).
@@ -38,6 +40,19 @@ class SpikeCompensatedSGD(torch.optim.Optimizer):
             raise ValueError(f"bad hyperparameters: lr {lr}, momentum {momentum}, delay {delay}, "
                              f"weight_decay {weight_decay}")
         super().__init__(params, {"lr": lr, "momentum": momentum, "delay": delay, "weight_decay": weight_decay})
+
+    def step_temporaries(self) -> int:
+        """The most bytes one step holds at once beyond the weights, gradients and velocities (core/memory.py
+        StatesTemporaries): where weight decay is on, the decayed gradient `grad = p.grad.add(p)` is a new tensor,
+        and the previous parameter's is still bound to `grad` while it is made (s_i + s_(i-1), in step order); the
+        rest is in place (`buf.mul_(m).add_(g)`, `p.add_(...)`); plus the 0-dim tensors a Python scalar operand is
+        wrapped in (SCALAR_OPERANDS)."""
+        worst = previous = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                size = p.numel() * p.element_size() if group["weight_decay"] and p.requires_grad else 0
+                worst, previous = max(worst, size + previous), size
+        return worst + SCALAR_OPERANDS
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001 - torch's signature

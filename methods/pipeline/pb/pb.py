@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -9,6 +10,8 @@ from pydantic import Field, computed_field, model_validator
 from torch import nn
 
 from harness.data.tensors import Batch
+from harness.memory import LossBlock
+from harness.memory.profile import as_they_were
 from harness.method import RunContext, StepStats
 from harness.schedule.ir import Schedule
 from harness.trace import StepSchedule
@@ -18,8 +21,10 @@ from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.executor import Microbatches, Sizes
 from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import place
-from methods.pipeline.core.stage import BackwardMode
+from methods.pipeline.core.stage import BackwardMode, Stage
+from methods.pipeline.core.step_bytes import StageTerms
 from methods.pipeline.core.versions import WeightPolicy
+from methods.pipeline.pb.memory import StagePass, stage_pass
 from methods.pipeline.pb.prediction import Predicted
 from methods.pipeline.pb.schedule import pb_delay, pb_tick
 
@@ -113,6 +118,15 @@ class PipelinedBackprop(PipelineMethod):
     name = "pb"
     summary = "Pipelined Backpropagation with Spike Compensation and Linear Weight Prediction (Kosson et al. 2021)"
     Params: ClassVar[type[PBParams]] = PBParams
+    accumulates_gradients = False  # one backward per stage per tick, each into the .grad its update let go
+
+    @classmethod
+    def steady_from(cls, world_size: int, params: PBParams) -> int:
+        """Step 2S-1 (tick 2(S-1)): the first at which every stage runs a backward and holds its steady in-flight
+        set (stage s: the 2(S-1-s)+1 samples from t-2(S-1)+s to t; pb_delay). Before it the pipeline is still
+        filling and holds less than its plan, which prices the steady state."""
+        stages = cls.requested_stages(world_size, params) or 1
+        return max(2, pb_delay(0, stages) + 1)
 
     @classmethod
     def check_world_size(cls, world_size: int, params: PBParams) -> str | None:
@@ -152,6 +166,39 @@ class PipelinedBackprop(PipelineMethod):
         """Predicted.planned_versions at a stage of delay 2 `after`."""
         p = self.ctx.params
         return (held if not p.recompute and after > 0 else 0) + (p.prediction == "lwp_w")
+
+    def stage_terms(self, stage: Stage, held: int) -> StageTerms:
+        """The core's terms, with what PB keeps per sample walked as it is kept: the weights a forward keeps for its
+        backward (a stash, held from the forward to the backward, instead of `held` of them throughout; lwp_w's
+        weights before the last update stay throughout); the first stage's sample (its step's batch, which the
+        first block saves until the sample's backward 2(S-1) ticks later); the last stage's labels of S samples
+        (train_step keeps each from its step until the last stage's forward, S-1 ticks later); and, unless the
+        backward recomputes, the stage profiled whole with the allocator (pb/memory.py stage_pass): its forward's
+        saved tensors as the allocator holds them (a view's whole storage: q, k and v of one qkv), its backward's
+        peak (a step's first, as each of PB's is)."""
+        terms = super().stage_terms(stage, held)
+        weights = sum(p.numel() * p.element_size() for p in stage.module.parameters())
+        a, _ = self.ranges[stage.index]
+        batch = self._prints[a].input_bytes if stage.first and self._prints[a].saves_input else 0
+        labels = self.batch_bytes(False, True)
+        terms = replace(terms, versions=stage.policy.planned_versions(0) * weights,
+                        stash=weights if stage.policy.needs_stash() else 0, kept_batch=batch,
+                        batch=terms.batch + (self.num_stages - 1) * labels * stage.last)
+        if self.backward_mode == "current":
+            return terms
+        profiled = self._stage_pass(stage)
+        return replace(terms, saved=profiled.kept - terms.output, backward_peak=profiled.backward_peak)
+
+    def _stage_pass(self, stage: Stage) -> StagePass:
+        """stage_pass on the profile's sample as `stage` receives it (after the first stage: an activation of its
+        shape; the values do not change the bytes), the loss on its labels on the last stage."""
+        train, device = self.ctx.workload.train, self.ctx.device
+        index = torch.arange(min(len(train), max(self.microbatch_sizes())))
+        loss = LossBlock(self.ctx.workload.loss, train.targets(index).to(device)) if stage.last else None
+        with as_they_were([], device):  # the activation's draw leaves the RNG as it was
+            example = (train.inputs(index).to(device) if stage.first
+                       else torch.randn(len(index), *self.shapes[stage.index], device=device))
+        return stage_pass(stage.module, example, loss, stage.first)
 
     def make_policy(self, stage: int, stages: int, module: nn.Module, optimizer: torch.optim.Optimizer
                     ) -> WeightPolicy:
