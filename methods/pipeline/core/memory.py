@@ -41,7 +41,9 @@ def stage_terms(prints: list[Footprint], blocks: tuple[int, int], first: bool, l
     `recompute` a backward that recomputes the stage from its input (only the input is kept), `transients` every
     block's backward transient (backward_transients; the stage's is its largest block's, the loss's too on the
     last stage), `retained` what a zero-bubble B keeps for its W, block by block (split_retained; without it, each
-    weighted block's output gradient)."""
+    weighted block's output gradient). A first stage whose first block saves its input (a microbatch's view of the
+    step's batch) keeps that batch until the microbatch's backward (`kept_batch`: the walk counts it where that
+    backward comes in a later step, as APapo's B(tM - 1) and PipeDream's delayed backwards do)."""
     a, b = blocks
     inp = 0 if first else prints[a].input_bytes
     out = 0 if last else prints[b - 1].output_bytes
@@ -67,7 +69,7 @@ def stage_terms(prints: list[Footprint], blocks: tuple[int, int], first: bool, l
         send_grad=0 if isinstance(grad, Plain) else _payload(grad, inp),
         grad_input=inp, retained=kept, batch=batch, update_temps=update_temporaries(optimizer),
         backward_temps=_stage_transient(prints, transients, a, b, last) if transients else 0,
-        versions=versions)
+        versions=versions, kept_batch=batch if first and not last and prints[a].saves_input else 0)
 
 
 @runtime_checkable
