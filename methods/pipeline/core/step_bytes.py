@@ -34,7 +34,8 @@ class StageTerms:
     its backward 2(S-1) steps later); `backward_peak`, the stage's whole backward profiled at once (the most bytes it
     holds above what existed before it: the gradients it makes, its transients, less the saved tensors autograd
     lets go as it goes; its input's gradient apart), for a step's first backward, instead of `gradients` +
-    `backward_temps` on top of everything the microbatch saved."""
+    `backward_temps` on top of everything the microbatch saved; `codec_state`, what the wire's codecs keep from one
+    message to the next (Q-FB's 2-Step GC: its error-feedback residuals), held throughout as buffers."""
 
     weights: int
     gradients: int
@@ -55,6 +56,7 @@ class StageTerms:
     stash: int = 0
     kept_batch: int = 0
     backward_peak: int | None = None
+    codec_state: int = 0
 
 
 @dataclass
@@ -216,7 +218,7 @@ def rank_peaks(steps: Iterable[Schedule], terms: Mapping[tuple[int, int], StageT
     walk([workers[w] for w in order], _Renamed(handler, order))
     out: dict[int, MemoryBytes] = {}
     for (worker, _), t in sorted(terms.items()):
-        held = MemoryBytes(weights=t.weights, optimizer=t.optimizer, versions=t.versions)
+        held = MemoryBytes(weights=t.weights, optimizer=t.optimizer, versions=t.versions, buffers=t.codec_state)
         out[worker] = out.get(worker, MemoryBytes()) + held
     for worker in out:
         out[worker] = out[worker] + handler.peaks.get(worker, MemoryBytes())
