@@ -3,6 +3,7 @@ replicated stages."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar, Literal
 
 import torch
@@ -10,13 +11,16 @@ from pydantic import Field
 from torch import nn
 
 from harness.data.tensors import Batch
+from harness.memory import Footprint
 from harness.method import RunContext, StepStats
 from harness.schedule.ir import Schedule
 from harness.trace import StepSchedule
 from methods.pipeline.core.base import PipelineMethod
 from methods.pipeline.core.params import PipelineParams
 from methods.pipeline.core.placement import place
+from methods.pipeline.core.step_bytes import StageTerms
 from methods.pipeline.core.versions import WeightPolicy
+from methods.pipeline.pipedream.memory import first_backward_peak
 from methods.pipeline.pipedream.schedule import pipedream_delay, pipedream_drain, pipedream_tick
 from methods.pipeline.pipedream.weights import Stashed
 
@@ -55,6 +59,8 @@ class PipeDream(PipelineMethod):
     backward_mode = "stashed"
     sync_mean = True
     plans_replication = True
+    #: a replica's every backward is the first since its update (one minibatch a tick, or a round of r)
+    accumulates_gradients = False
 
     @classmethod
     def check_world_size(cls, world_size: int, params: PipeDreamParams) -> str | None:
@@ -80,6 +86,17 @@ class PipeDream(PipelineMethod):
     def planned_stage_versions(self, after: int, alone: bool, held: int) -> int:
         """A stash per minibatch in flight where an update comes between a forward and its backward."""
         return held if after > 0 else 0
+
+    def _terms(self, prints: list[Footprint], transients: list[int], module: nn.Module, blocks: tuple[int, int],
+               first: bool, last: bool, optimizer: torch.optim.Optimizer, versions: int) -> StageTerms:
+        """The core's terms, with a backward composed as the first since the update (first_backward_peak) and,
+        without vertical sync, each minibatch's stash held from its forward to its backward (`stash`) instead of
+        as many stashes as the stage holds minibatches throughout (at the update, the backward's stash is gone)."""
+        terms = super()._terms(prints, transients, module, blocks, first, last, optimizer, versions)
+        terms = replace(terms, backward_peak=first_backward_peak(prints, transients, [module], blocks, last))
+        if self.ctx.params.vertical_sync or not versions:
+            return terms
+        return replace(terms, versions=0, stash=sum(p.numel() * p.element_size() for p in module.parameters()))
 
     def tick_schedule(self, t: int) -> Schedule:
         """Tick t of every stage, placed on the ranks."""
