@@ -15,6 +15,7 @@ from harness.method import StepStats
 from methods.compression.core import Compressor, Memory
 from methods.compression.hook import CompressionHook
 from methods.compression.hook_profile import HookProfile, profile_hook, sample_gradients
+from methods.compression.retire import ReleasedAfterBackward
 from methods.reference.ddp import DDP, DDPParams
 
 
@@ -24,7 +25,7 @@ class CompressionParams(DDPParams):
     min_compress_numel: int = Field(default=0, ge=0, description="tensors with fewer elements are sent dense fp32")
 
 
-class CompressedDDP(DDP):
+class CompressedDDP(ReleasedAfterBackward, DDP):
     """DDP with a CompressionHook. Subclasses say which compressor and memory; the rest is shared.
 
     Train records gain, per step and rank: compress_s, communicate_s, decompress_s, dense_bytes, payload_bytes and
@@ -56,6 +57,7 @@ class CompressedDDP(DDP):
     def register_hook(self) -> None:
         self.hook = self.make_hook(self.ctx.comm)
         self.compressor, self.memory = self.hook.compressor, self.hook.memory
+        self.retired = self.hook.retired  # released after each backward (ReleasedAfterBackward)
         self.model.register_comm_hook(None, self.hook.__call__)  # DDP wants a function (it logs __name__)
         self._hook_profile: HookProfile | None = None
 
@@ -90,13 +92,6 @@ class CompressedDDP(DDP):
     def held_buffer_bytes(self) -> int:
         return (super().held_buffer_bytes() + tensor_bytes(state_tensors(self.memory.state_dict()))
                 + self.compressor.scratch_bytes())
-
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """ddp's forward and backward, then the hook's payloads, futures and callbacks let go of on this thread
-        (CompressionHook.retired), before the update."""
-        loss = super().forward_backward(x, y)
-        self.hook.retired.release()
-        return loss
 
     def train_step(self, batch: Batch) -> StepStats:
         stats = super().train_step(batch)

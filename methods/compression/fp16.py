@@ -1,19 +1,23 @@
-"""fp16 gradient all-reduce: torch's own fp16_compress_hook, with its bytes counted, as the cheap baseline."""
+"""fp16 gradient all-reduce, the cheap baseline: torch's fp16_compress_hook, step for step, with its bytes counted."""
 
 from __future__ import annotations
 
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+import torch
 
-from harness.comm.communicator import ring_all_reduce_bytes
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
+from methods.compression.retire import ReleasedAfterBackward, Retired
 from methods.compression.stats import bytes_record
 from methods.reference.ddp import DDP
 
 
-class FP16(DDP):
-    """Each bucket is cast to fp16, divided by W, all-reduced (summed), and cast back: half the bytes of fp32.
-    The hook is torch's own; dtbench counts its bytes where it hands the bucket over (2 bytes per element)."""
+class FP16(ReleasedAfterBackward, DDP):
+    """Each bucket is cast to fp16, divided by W, all-reduced (summed), and cast back into the bucket in place: half
+    the bytes of fp32. The hook is torch's fp16_compress_hook (torch/distributed/algorithms/ddp_comm_hooks/
+    default_hooks.py, _compress_hook with dtype float16: `buffer.to(float16).div_(W)`, all-reduced, then
+    `buffer.copy_(sum)`), written here so that its fp16 copy is let go of on the main thread after the backward
+    (methods/compression/retire.py), not on gloo's thread where torch's closure drops it; the all-reduce goes
+    through the Communicator, which counts its bytes (2 per element)."""
 
     name = "fp16"
     family = "data-parallel-compressed"
@@ -22,23 +26,32 @@ class FP16(DDP):
     def __init__(self, ctx: RunContext):
         self._payload_bytes = 0  # per step, reset by train_step
         self._dense_bytes = 0
+        self.retired = Retired()
         super().__init__(ctx)
 
     def register_hook(self) -> None:
-        self.model.register_comm_hook(self.ctx.comm.group, self._counted_fp16_hook)
+        self.model.register_comm_hook(None, self._fp16_hook)
 
-    def _counted_fp16_hook(self, process_group, bucket):  # no annotations: DDP checks them literally
-        n = bucket.buffer().numel()
-        wire = ring_all_reduce_bytes(2 * n, self.ctx.world_size)
-        self.ctx.comm.count("gradients", wire, wire)
-        self._payload_bytes += 2 * n
-        self._dense_bytes += 4 * n
-        return fp16_compress_hook(process_group, bucket)
+    def _fp16_hook(self, _state, bucket):  # no annotations: DDP checks them literally
+        buffer = bucket.buffer()
+        compressed = buffer.to(torch.float16).div_(self.ctx.world_size)
+        self._payload_bytes += 2 * buffer.numel()
+        self._dense_bytes += 4 * buffer.numel()
+        fut = self.ctx.comm.all_reduce(compressed, "gradients", async_op=True)
+        self.retired.bag(compressed=compressed)  # the callback reads the sum from its future, not its closure
+        self.retired.sent(compressed)
+        del compressed
+
+        def decompress(f):
+            buffer.copy_(f.value())  # in place, to keep the peak down (torch's note: pytorch issue 45968)
+            return buffer
+
+        return fut.then(decompress)
 
     def planned_hook_bytes(self) -> int:
-        """torch's fp16_compress_hook (default_hooks._compress_hook): `buffer.to(float16).div_(W)`, an fp16 copy of
-        the bucket (2 bytes an element) alive until its all-reduce is decoded, which copies the sum back into the
-        bucket in place. One bucket of every gradient (as CompressedDDP.planned_hook_bytes)."""
+        """The fp16 copy of the bucket (2 bytes an element), from the hook until the backward's end, when the
+        method lets go of it (its sum is copied back into the bucket in place). One bucket of every gradient (as
+        CompressedDDP.planned_hook_bytes); with several buckets, every bucket's copy lives to the backward's end."""
         return 2 * sum(p.numel() for p in self.network.parameters() if p.requires_grad)
 
     def train_step(self, batch: Batch) -> StepStats:

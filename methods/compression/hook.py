@@ -7,6 +7,7 @@ import time
 import torch
 
 from harness.comm.communicator import Communicator
+from harness.memory.peak import thread
 from methods.compression.core import Compressed, Compressor, Memory
 from methods.compression.packing import from_wire, to_wire
 from methods.compression.retire import Retired
@@ -70,6 +71,7 @@ class CompressionHook:
             self.memory.update(compensated, name, self.compressor, compressed)
             items.append(compressed)
         world = self.comm.world_size
+        sizes = layout = None
         if self.compressor.sums:
             # Payloads that sum are all-reduced in their own dtype, concatenated: one collective per bucket.
             wire = torch.cat([t.reshape(-1) for item in items for t in item.payload])
@@ -99,24 +101,29 @@ class CompressionHook:
             arrived = time.perf_counter()
             self.stats.communicate_s += arrived - sent
             f.wait()  # re-raises a communication error here
-            items, named = bag["items"], bag["named"]
-            if self.compressor.sums:
-                parts = iter(bag["wire"].split(sizes))
-                payloads = [[next(parts).view_as(t) for t in item.payload] for item in items]
-                rows = [payloads]
-            else:
-                rows = [from_wire(row, layout) for row in bag["gathered"].view(world, -1).unbind(0)]
-            for i, (name, grad, _) in enumerate(named):
-                # The compressed inputs are no longer needed: the bucket slice becomes the sum of decoded payloads.
-                codec = self._codec(name)
-                grad.zero_()
-                for payload in rows:
-                    codec.decompress_add_(grad, payload[i], items[i].ctx)
-                grad.div_(world)
+            with thread():  # on gloo's worker thread: the decoding's bytes join the rank's allocator meter
+                self._decode(bag, sizes, layout)
             self.stats.decompress_s += time.perf_counter() - arrived
             return buffer
 
         return fut.then(finish)
+
+    def _decode(self, bag: dict, sizes: list[int] | None, layout: list | None) -> None:
+        """Every rank's payloads (the summed wire cut by `sizes`, or the gathered rows cut by `layout`) decoded and
+        averaged into the bucket's slices. Its temporaries die before it returns (inside the meter's scope)."""
+        world, items, named = self.comm.world_size, bag["items"], bag["named"]
+        if sizes is not None:
+            parts = iter(bag["wire"].split(sizes))
+            rows = [[[next(parts).view_as(t) for t in item.payload] for item in items]]
+        else:
+            rows = [from_wire(row, layout) for row in bag["gathered"].view(world, -1).unbind(0)]
+        for i, (name, grad, _) in enumerate(named):
+            # The compressed inputs are no longer needed: the bucket slice becomes the sum of decoded payloads.
+            codec = self._codec(name)
+            grad.zero_()
+            for payload in rows:
+                codec.decompress_add_(grad, payload[i], items[i].ctx)
+            grad.div_(world)
 
 
 class _Dense(Compressor):

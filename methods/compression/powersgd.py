@@ -1,5 +1,5 @@
-"""PowerSGD (Vogels et al., NeurIPS 2019): torch's own powerSGD_hook, with the bytes of every all-reduce it sends
-counted where it hands them over."""
+"""PowerSGD (Vogels et al., NeurIPS 2019): torch's powerSGD_hook, step for step (methods/compression/powersgd_hook.py),
+with the bytes of every all-reduce it sends counted where it hands them over."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ from typing import Any
 import numpy as np
 import torch
 from pydantic import Field, model_validator
-from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
 from harness.comm.communicator import ring_all_reduce_bytes
 from harness.data.tensors import Batch
 from harness.memory import gradient_bytes, state_tensors, tensor_bytes
 from harness.method import RunContext, StepStats
+from methods.compression.powersgd_hook import powersgd_hook
 from methods.compression.powersgd_state import ParameterState, compressed, matrix_shape
+from methods.compression.retire import ReleasedAfterBackward, Retired
 from methods.compression.stats import bytes_record
 from methods.reference.ddp import DDP, DDPParams
 
@@ -51,11 +53,13 @@ def powersgd_payload_numel(shapes: list[tuple[int, ...]], rank: int, min_compres
     return total
 
 
-class PowerSGD(DDP):
+class PowerSGD(ReleasedAfterBackward, DDP):
     """Per bucket, after `start_iter` steps of plain all-reduce: for each gradient matrix M (with the error e of the
     last step added: M <- M + e), P = M Q (Q from the last step, or random), all-reduce P, orthogonalize it,
     Q = Mᵀ P, all-reduce Q and divide by W, M' = P Qᵀ; e <- M - M'. Tensors not worth compressing are all-reduced
-    as fp32 with them. The hook is torch's; dtbench counts each step's bytes from the shapes it compressed (three
+    as fp32 with them. The hook is torch's, written out (powersgd_hook.py) so that what its callbacks hold is let go
+    of on the main thread after the backward (methods/compression/retire.py); dtbench counts each step's bytes from
+    the shapes it compressed (three
     all-reduces: uncompressed tensors, P, Q) and during warm-up the whole bucket's fp32 all-reduce."""
 
     name = "powersgd"
@@ -67,6 +71,7 @@ class PowerSGD(DDP):
         self._payload_bytes = 0  # per step, reset by train_step
         self._dense_bytes = 0
         self._previous: torch.futures.Future | None = None  # the last bucket's hook future
+        self.retired = Retired()  # what the hook's callbacks hold, released after each backward
         super().__init__(ctx)
 
     def register_hook(self) -> None:
@@ -80,9 +85,10 @@ class PowerSGD(DDP):
         self.model.register_comm_hook(self.state, self._counted_hook)
 
     def _counted_hook(self, state, bucket):  # no annotations: DDP checks them literally
-        # torch's hook issues a bucket's P and Q all-reduces from its futures' callbacks; with several buckets in
-        # flight two gloo ranks can issue them in different orders (measured: a size-mismatch abort, or a hang with
-        # torch's hook alone, on a 1.3M-parameter MLP's two buckets), so a bucket starts once the last one is done.
+        # The hook issues a bucket's P and Q all-reduces from its futures' callbacks, as torch's does; with several
+        # buckets in flight two gloo ranks can issue them in different orders (measured: a size-mismatch abort, or a
+        # hang with torch's hook alone, on a 1.3M-parameter MLP's two buckets), so a bucket starts once the last one
+        # is done.
         if self._previous is not None:
             self._previous.wait()
         params = bucket.parameters()
@@ -98,7 +104,7 @@ class PowerSGD(DDP):
         self.ctx.comm.count("gradients", wire, wire)
         self._payload_bytes += 4 * numel
         self._dense_bytes += 4 * buffer.numel()
-        self._previous = powerSGD_hook(state, bucket)
+        self._previous = powersgd_hook(state, bucket, self.retired)
         return self._previous
 
     def planned_buffer_bytes(self) -> int:

@@ -74,3 +74,15 @@ class Retired:
 
     def __len__(self) -> int:
         return len(self._bags) + len(self._sent)
+
+
+class ReleasedAfterBackward:
+    """For a DDP method whose comm hook keeps its state in `self.retired`: the forward and backward as the method's
+    own, then that state let go of on this (the main) thread, before the update."""
+
+    retired: Retired
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = super().forward_backward(x, y)  # type: ignore[misc]
+        self.retired.release()
+        return loss
