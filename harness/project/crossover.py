@@ -59,10 +59,9 @@ def crossover_table(suite: CalibratedSuite, world_sizes: Sequence[int], settings
     rows = []
     for c, n in phase(pairs, "crossovers (configuration x world size)", "pair"):
         base = bases[c.workload]
-        baseline = base.model.label
+        pair = {"workload": c.workload, "label": c.model.label, "baseline": base.model.label, "world_size": n}
         if not math.isfinite(step_of(c, n, SCAN_BPS[0]) + step_of(base, n, SCAN_BPS[0])):
-            rows.append({"workload": c.workload, "label": c.model.label, "baseline": baseline, "world_size": n,
-                         "throughput_crossover": "not projected", "time_to_target_crossover": "not projected",
+            rows.append({**pair, "throughput_crossover": "not projected", "time_to_target_crossover": "not projected",
                          "faster_at_slowest": None, "faster_at_fastest": None})
             continue
         per_sample = lambda bps, c=c, n=n, base=base: (step_of(base, n, bps) / base.model.batch_size  # noqa: E731
@@ -73,8 +72,7 @@ def crossover_table(suite: CalibratedSuite, world_sizes: Sequence[int], settings
             to_target = lambda bps, c=c, n=n, base=base: (base.steps_to_target * step_of(base, n, bps)  # noqa: E731
                                                           - c.steps_to_target * step_of(c, n, bps))
             target = crossings(to_target, SCAN_BPS)
-        rows.append({"workload": c.workload, "label": c.model.label, "baseline": baseline, "world_size": n,
-                     "throughput_crossover": "; ".join(rate_text(r) for r in rates) or "none",
+        rows.append({**pair, "throughput_crossover": "; ".join(rate_text(r) for r in rates) or "none",
                      "time_to_target_crossover": ("; ".join(rate_text(r) for r in target) or "none")
                      if c.steps_to_target is not None else "never reaches the target",
                      "faster_at_slowest": per_sample(SCAN_BPS[0]) > 0,

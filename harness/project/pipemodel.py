@@ -136,10 +136,11 @@ def run_on_link(ranks: list[list[Task]], link: Link, host: Host = DEDICATED, cal
 
 @dataclass
 class PipelineModel:
-    """One pipeline configuration, calibrated. template: the traced step as tasks (ranks x tasks) with median
-    durations and measured message bytes; overhead_s: the measured step minus the simulated one (runner work between
-    steps); for generated orders, per-block forward/backward scales (in-run / profiled, per calibration stage),
-    update seconds per block, a send's local seconds and the wire's bytes per activation byte."""
+    """One pipeline configuration, calibrated. traced: the traced step as tasks (ranks x tasks) with median
+    durations and measured message bytes, for SIMULATED_STEPS steps (template_tasks); overhead_s: the measured step
+    minus the simulated one (runner work between steps); for generated orders, per-block forward/backward scales
+    (in-run / profiled, per calibration stage), update seconds per block, a send's local seconds and the wire's bytes
+    per activation byte."""
 
     label: str
     method: str
@@ -147,9 +148,7 @@ class PipelineModel:
     microbatches: int
     world_size: int
     ranges: list[tuple[int, int]]
-    template: list[list[Task]]
-    shift: int
-    iteration_shift: int = 0
+    traced: list[list[Task]]
     overhead_s: float = 0.0
     profile: BlockCosts | None = None
     forward_scale: list[float] = field(default_factory=list)
@@ -246,7 +245,7 @@ class PipelineModel:
         and its notes; (None, False, [why]) when none can be made."""
         if (world_size, batch, microbatches) == (self.world_size, self.batch_size, self.microbatches) and (
                 ranges is None or list(ranges) == list(self.ranges)):
-            return repeat(self.template, SIMULATED_STEPS, self.shift, self.iteration_shift), True, []
+            return self.traced, True, []
         try:
             ranks, more = self.generated(world_size, batch, microbatches, ranges)
         except ValueError as exc:
@@ -254,11 +253,11 @@ class PipelineModel:
         return ranks, False, more
 
 
-def template_tasks(measure: RunMeasure) -> tuple[list[list[Task]], int, int]:
+def template_tasks(measure: RunMeasure) -> list[list[Task]]:
     """The last traced step as tasks per worker, each on the lane that ran it (Q-FB's forward and backward threads;
     a lane's events in start order are its list), with each (worker, op, stage)'s duration over the traced steps
-    (the measure's quantile, the median by default), and the shifts of microbatch and iteration ids from one step
-    to the next (step_shifts)."""
+    (the measure's quantile, the median by default), repeated for SIMULATED_STEPS steps with the shifts of
+    microbatch and iteration ids from one step to the next (step_shifts)."""
     durations = measure.durations()
     step = measure.traces[max(measure.traces)]
     param_bytes = stage_param_bytes(measure)
@@ -273,7 +272,7 @@ def template_tasks(measure: RunMeasure) -> tuple[list[list[Task]], int, int]:
             own = durations[(worker, e.op, e.stage)] if e.op not in (*RECEIVES, Op.SYNC_GRADS) else 0.0
             tasks.append(Task(e.op, e.stage, e.mb, own, nbytes, e.iteration, lane=e.lane))
         ranks.append(tasks)
-    return ranks, *step_shifts(measure)
+    return repeat(ranks, SIMULATED_STEPS, *step_shifts(measure))
 
 
 def step_shifts(measure: RunMeasure) -> tuple[int, int]:
@@ -306,12 +305,11 @@ def calibrate_pipeline(measures: Sequence[RunMeasure], profile: BlockCosts | Non
     the first seed as the template, the overhead that makes the simulation meet the mean measured step, and (with a
     profile) the per-block scales for generated orders."""
     first = measures[0]
-    template, shift, iteration_shift = template_tasks(first)
+    repeated = template_tasks(first)
     ranges = stage_ranges(first)
     model = PipelineModel(first.label, str(first.spec.get("method")), first.batch_size, first.microbatches,
-                          first.world_size, ranges, template, shift, iteration_shift, profile=profile)
+                          first.world_size, ranges, repeated, profile=profile)
     measured = statistics.fmean(m.step_s for m in measures)
-    repeated = repeat(template, SIMULATED_STEPS, shift, iteration_shift)
     host = host_of(first.spec, first.run.manifest)
     if host.oversubscribed:  # its durations carry the sharing of its own host's cores
         model.host_factor = sharing(simulate(repeated, link), host, set(range(SIMULATED_STEPS // 2, SIMULATED_STEPS)))

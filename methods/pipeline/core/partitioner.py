@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -222,11 +223,8 @@ def _solver(profiles: Sequence[BlockProfile], bandwidth: float, replicate: bool,
 
     def fits(start: int, end: int, count: int, after: int) -> bool:
         return not limited or memory(start, end, count, after) <= budget
-    compute = [0.0]
-    params = [0]
-    for profile in profiles:
-        compute.append(compute[-1] + profile.compute_s)
-        params.append(params[-1] + profile.param_bytes)
+    compute = [0.0, *itertools.accumulate(p.compute_s for p in profiles)]
+    params = [0, *itertools.accumulate(p.param_bytes for p in profiles)]
 
     def one_stage(start: int, end: int, count: int) -> float:
         return stage_time(compute[end] - compute[start], params[end] - params[start], count, bandwidth)
