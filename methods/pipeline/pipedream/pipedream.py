@@ -93,7 +93,7 @@ class PipeDream(PipelineMethod):
         without vertical sync, each minibatch's stash held from its forward to its backward (`stash`) instead of
         as many stashes as the stage holds minibatches throughout (at the update, the backward's stash is gone)."""
         terms = super()._terms(prints, transients, module, blocks, first, last, optimizer, versions)
-        terms = replace(terms, backward_peak=first_backward_peak(prints, transients, [module], blocks, last))
+        terms = replace(terms, backward_peak=first_backward_peak(prints, transients, [module], blocks, first, last))
         if self.ctx.params.vertical_sync or not versions:
             return terms
         return replace(terms, versions=0, stash=sum(p.numel() * p.element_size() for p in module.parameters()))
