@@ -82,10 +82,10 @@ def test_a_forward_waits_for_a_credit_while_the_backward_lane_lags():
     stage = next(iter(method.workers.values()))
     assert stage.credits == 2
     blocked, forwards_done = threading.Event(), threading.Event()
-    take, forward, backward = stage._take_credit, stage.forward, stage.backward
+    take, forward, backward = stage.take_credit, stage.forward, stage.backward
 
     def taking(key):
-        if len(stage.holding) >= stage.credits:
+        if key not in stage.holding and len(stage.holding) >= stage.credits:
             blocked.set()
         take(key)
 
@@ -101,7 +101,7 @@ def test_a_forward_waits_for_a_credit_while_the_backward_lane_lags():
                 blocked.wait(0.01)
         return backward(key, *args, **kwargs)
 
-    stage._take_credit, stage.forward, stage.backward = taking, forwarding, lagging
+    stage.take_credit, stage.forward, stage.backward = taking, forwarding, lagging
     data = ctx.workload.train
     order = DataOrder(len(data), 32, seed=0)
     method.train_step(Batch(0, 0.0, order.batch(0), data, 0))

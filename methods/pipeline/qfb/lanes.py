@@ -38,9 +38,9 @@ class LaneStage(Stage):
     the backward may consume that before the forward lane asks for it. `abort()` wakes a waiting backward with an
     error (the other lane failed).
 
-    `credits` (set where the lanes are threads: LaneExecutor): the most microbatches the stage holds at once (forward
-    done, backward not yet); a forward waits for a backward to end until it holds fewer (methods/pipeline/qfb/
-    credits.py: the one-lane order's most plus one), and its trace event starts when the wait ended (`ready_at`)."""
+    `credits` (set where the lanes are threads: LaneExecutor): the most microbatches the stage holds at once, from
+    the forward lane's first action on one (its receive, or its forward on the first stage) to the end of its
+    backward (methods/pipeline/qfb/credits.py: the one-lane order's most plus one); `take_credit` waits for one."""
 
     #: Seconds a backward waits for its forward before it gives up (a lost forward would otherwise hang the rank).
     wait_s = 600.0
@@ -55,12 +55,9 @@ class LaneStage(Stage):
         self.failed: str | None = None
         self.done = threading.Condition()
         self.credits: int | None = None
-        self.holding: set[Key] = set()  # forward done, backward not yet (counted only with credits)
-        self.forward_ready_at: dict[Key, float] = {}  # perf_counter() when a forward that waited for a credit started
+        self.holding: set[Key] = set()  # received or forwarded, backward not yet done (counted only with credits)
 
     def forward(self, key: Key, x: torch.Tensor, y: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
-        if self.credits is not None:
-            self._take_credit(key)
         out = super().forward(key, x, y, scale)
         version = super().version_of(key)  # before the key is published: no backward can have taken it yet
         with self.done:
@@ -70,15 +67,18 @@ class LaneStage(Stage):
             self.done.notify_all()
         return out
 
-    def _take_credit(self, key: Key) -> None:
-        """Block until the stage holds fewer microbatches than its credits (a backward ended), then count `key`."""
+    def take_credit(self, key: Key) -> None:
+        """Count microbatch `key` as held (once), first waiting until the stage holds fewer than its credits (a
+        backward ended); nothing without credits."""
+        if self.credits is None:
+            return
         with self.done:
-            if len(self.holding) >= self.credits:
-                if not self.done.wait_for(lambda: len(self.holding) < self.credits or self.failed is not None,
-                                          self.wait_s):
-                    raise RuntimeError(f"stage {self.index}: the forward of microbatch {key} found no credit within "
-                                       f"{self.wait_s:.0f} s ({len(self.holding)} microbatches held)")
-                self.forward_ready_at[key] = time.perf_counter()
+            if key in self.holding:
+                return
+            if not self.done.wait_for(lambda: len(self.holding) < self.credits or self.failed is not None,
+                                      self.wait_s):
+                raise RuntimeError(f"stage {self.index}: microbatch {key} found no credit within {self.wait_s:.0f} s "
+                                   f"({len(self.holding)} microbatches held)")
             if self.failed is not None:
                 raise RuntimeError(f"stage {self.index}: {self.failed}")
             self.holding.add(key)
@@ -151,6 +151,17 @@ class LaneThread:
         self.jobs.put(None)
 
 
+class ForwardLaneExecutor(ProcessExecutor):
+    """The forward lane's executor: before a stage's microbatch's first action (its receive, or its forward on the
+    first stage) it takes one of the stage's credits (LaneStage.take_credit), so that a received activation waits
+    in its posted buffer, not decoded, while the stage holds its credits' worth (the wait is outside the trace
+    event: idle)."""
+
+    def starting(self, a: Action) -> None:
+        if a.op in (Op.RECV_ACT, Op.FORWARD) and a.stage in self.stages:
+            self.stages[a.stage].take_credit(a.key)
+
+
 class LaneExecutor:
     """Runs one rank's action list as two lanes at once: the forward lane (receive activations, forward, send them
     on) and the backward lane (receive gradients, backward, send gradients back, update), each a ProcessExecutor on
@@ -161,7 +172,8 @@ class LaneExecutor:
     def __init__(self, rank: int, stages: Mapping[int, LaneStage], comms: Sequence[Communicator],
                  placement: Placement, wire: Wire, threads: int):
         self.stages, self.wire = dict(stages), wire
-        self.executors = [ProcessExecutor(rank, stages, comm, placement, wire) for comm in comms]
+        self.executors = [kind(rank, stages, comm, placement, wire)
+                          for kind, comm in zip((ForwardLaneExecutor, ProcessExecutor), comms, strict=True)]
         self.threads = [LaneThread(f"qfb-lane{lane}", threads) for lane in (FORWARD_LANE, BACKWARD_LANE)]
 
     def run(self, actions: Sequence[Action], views: Mapping[int, Microbatches]) -> Trace:
@@ -178,13 +190,10 @@ class LaneExecutor:
         return Trace(sorted(events, key=lambda e: e.start))
 
     def _compute_only(self, event: TraceEvent) -> TraceEvent:
-        """A backward that waited for its forward, or a forward that waited for a credit, starts when the wait ended
-        (LaneStage.ready_at, forward_ready_at)."""
-        if event.op not in (Op.BACKWARD.value, Op.FORWARD.value) or event.stage not in self.stages:
+        """A backward that waited for its forward starts when the wait ended (LaneStage.ready_at)."""
+        if event.op != Op.BACKWARD.value or event.stage not in self.stages:
             return event
-        stage = self.stages[event.stage]
-        waits = stage.ready_at if event.op == Op.BACKWARD.value else stage.forward_ready_at
-        ready = waits.pop((event.iteration, event.mb), None)
+        ready = self.stages[event.stage].ready_at.pop((event.iteration, event.mb), None)
         return event if ready is None else event._replace(start=min(max(event.start, ready), event.end))
 
     def flush(self) -> None:

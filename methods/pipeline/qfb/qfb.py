@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from harness.data.tensors import Batch
-from harness.memory import MemoryBytes
+from harness.memory import Footprint, LossBlock, MemoryBytes
 from harness.method import RunContext, StepStats
 from harness.schedule.held import in_flight_peaks
 from harness.schedule.ir import FORWARD_LANE_OPS, Schedule
@@ -22,10 +22,11 @@ from methods.pipeline.core.interleaver import validate
 from methods.pipeline.core.memory import StageWalk
 from methods.pipeline.core.params import CodecName, PipelineParams
 from methods.pipeline.core.placement import place
-from methods.pipeline.core.step_bytes import rank_peaks
+from methods.pipeline.core.step_bytes import StageTerms, rank_peaks
 from methods.pipeline.core.versions import Live, WeightPolicy
 from methods.pipeline.qfb.ahead import AheadVersions
 from methods.pipeline.qfb.credits import lane_credits, lane_order
+from methods.pipeline.qfb.lane_bytes import codec_transient, forward_transients, stage_forward_transient
 from methods.pipeline.qfb.lanes import LabelledLanes, LaneExecutor, LaneStage, SingleRankLanes
 from methods.pipeline.qfb.piecewise import Piecewise
 from methods.pipeline.qfb.schedule import Sync, ahead_lead, qfb_ahead_drain, qfb_ahead_tick, qfb_drain, qfb_tick
@@ -174,6 +175,45 @@ class QFB(PipelineMethod):
         terms = {(rank, s): self.stage_terms(stage, peaks.get((rank, s), 0))
                  for (rank, s), stage in sorted(self.workers.items())}
         return rank_peaks(steps, terms)
+
+    def threaded_lanes(self) -> bool:
+        """Whether the lanes run as two threads at once (LaneExecutor): two lanes on processes, or in a one-stage
+        virtual pipeline (a several-stage one runs every list in one thread)."""
+        return self.ctx.params.lanes == 2 and (self.ctx.world_size > 1 or getattr(self, "num_stages", 1) == 1)
+
+    def _footprints(self, blocks: list[nn.Module]) -> list[Footprint]:
+        prints = super()._footprints(blocks)
+        train, device = self.ctx.workload.train, self.ctx.device
+        index = torch.arange(min(len(train), max(self.microbatch_sizes())))
+        loss = LossBlock(self.ctx.workload.loss, train.targets(index).to(device))
+        self._forward_transients = forward_transients(blocks, train.inputs(index).to(device), loss, prints)
+        return prints
+
+    def _terms(self, prints: list[Footprint], transients: list[int], module: nn.Module, blocks: tuple[int, int],
+               first: bool, last: bool, optimizer: torch.optim.Optimizer, versions: int) -> StageTerms:
+        """The core's terms, and what Q-FB's wire and lanes add (lane_bytes.py): a backward's transient is at least
+        its gradient's encoding (2-Step GC's); where the lanes are threads, the forward lane may run its worst action
+        beside it, on the next microbatch, which the walk (lane_order) counts as forwarded already: what a forward,
+        a decode (before the microbatch's saved tensors and output exist) or an encode holds beyond that adds to
+        the backward's (and to the update's, unless exact, where the window's forwards are done by then); 2-Step
+        GC's residual (one per message size) is held throughout."""
+        terms = super()._terms(prints, transients, module, blocks, first, last, optimizer, versions)
+        p, device, (a, b) = self.ctx.params, self.ctx.device, blocks
+        into = 0 if first else prints[a].input_bytes // 4  # fp32 elements of the stage's input (and its gradient)
+        out = 0 if last else prints[b - 1].output_bytes // 4
+        backward = max(terms.backward_temps, codec_transient(lambda: self.make_codec("grad"), into, device))
+        update = terms.update_temps
+        if self.threaded_lanes():  # the forward lane's next microbatch, which the walk counts as forwarded
+            decode = codec_transient(lambda: self.make_codec("act"), into, device, decode=True)
+            lane = max(stage_forward_transient(prints, self._forward_transients, a, b, last),
+                       decode - terms.saved - terms.output,
+                       codec_transient(lambda: self.make_codec("act"), out, device))
+            backward += lane
+            update += lane if p.sync != "exact" else 0
+        sizes = sorted(set(self.microbatch_sizes()))
+        residual = 0 if first or p.gradient_codec != "2step" or not p.feedback else \
+            sum(prints[a].input_bytes * size // sizes[-1] for size in sizes)
+        return replace(terms, backward_temps=backward, update_temps=update, codec_state=residual)
 
     def stage_walk(self, stages: int) -> StageWalk:
         """The planners' walk of a candidate stage: the default step's lists, with two lanes in their order under
