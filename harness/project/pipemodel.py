@@ -353,7 +353,7 @@ def fit_blocks(model: PipelineModel, measure: RunMeasure, profile: BlockCosts) -
             total = sum(profiled[b] for b in span)
             for b in span:
                 scales[b] = statistics.median(times) / total if times and total > 0 else 1.0
-        updates = [t for (w, o, st), t in durations.items() if o == "update" and st == s]
+        updates = stage_times(durations, "update", s)
         weights = [sum(profile.param_bytes[b]) for b in span]
         for b, weight in zip(span, weights, strict=True):
             model.update_s[b] = (statistics.median(updates) if updates else 0.0) * (

@@ -176,20 +176,16 @@ def predict(
         raise ValueError("no stage ranges given")
     if len(replicas) != len(ranges):
         raise ValueError(f"{len(replicas)} replica counts for {len(ranges)} stages")
-    expected_start = 0
-    for index, (start, end) in enumerate(ranges):
-        if start != expected_start or end <= start:
+    stages, expected_start = [], 0
+    for index, ((start, end), count) in enumerate(zip(ranges, replicas, strict=True)):
+        if start != expected_start or not start < end <= len(profiles):
             raise ValueError(
                 f"stage {index} is [{start}, {end}), expected a non-empty range starting at {expected_start}: "
                 f"ranges must be contiguous and cover blocks 0..{len(profiles) - 1} in order"
             )
-        if replicas[index] < 1:
-            raise ValueError(f"stage {index} has {replicas[index]} replicas, need >= 1")
+        if count < 1:
+            raise ValueError(f"stage {index} has {count} replicas, need >= 1")
         expected_start = end
-    if expected_start != len(profiles):
-        raise ValueError(f"ranges end at block {expected_start}, but there are {len(profiles)} blocks")
-    stages = []
-    for (start, end), count in zip(ranges, replicas, strict=True):
         compute_s = math.fsum(p.compute_s for p in profiles[start:end])
         param_bytes = sum(p.param_bytes for p in profiles[start:end])
         stages.append(
@@ -203,6 +199,8 @@ def predict(
                 transfer_s=transfer_time(profiles[start - 1].activation_bytes, bandwidth) if start > 0 else 0.0,
             )
         )
+    if expected_start != len(profiles):
+        raise ValueError(f"ranges end at block {expected_start}, but there are {len(profiles)} blocks")
     # the objective: each stage's time or its incoming transfer, whichever is larger
     slowest_s = max(max(stage.predicted_s, stage.transfer_s) for stage in stages)
     return PartitionPlan(stages=tuple(stages), bandwidth=bandwidth, slowest_s=slowest_s)
