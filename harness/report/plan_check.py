@@ -10,6 +10,15 @@ from harness.results import read_json, read_jsonl
 #: The plan is judged good when it is at least the allocator's peak and at most this many times it (issue 52).
 MAX_RATIO = 1.10
 
+#: The CPU meter's resolution: a tensor freed on a thread the profiler does not watch (gloo's worker thread lets a
+#: collective's tensors go when its work completes after Python has dropped it) stays counted as held. Its known
+#: causes were fixed (a pipeline stage's saved-tensor cells, the plan's gather across ranks, the comm hooks'
+#: payloads); what remains are the runtime's own control tensors, measured at 4 to 60 bytes in about one run in
+#: ten (DDP's bucket indices at its second step, a pipeline's small messages; docs/memory.md). A plan within this
+#: many bytes below the peak counts as at least it. CUDA's counter has no such blind spot, and this is below its
+#: 512-byte allocation granularity.
+METER_SLACK_BYTES = 256
+
 
 @dataclass(frozen=True)
 class RankCheck:
@@ -28,7 +37,7 @@ class RankCheck:
 
     @property
     def ok(self) -> bool:
-        return self.peak <= self.planned["total"] <= MAX_RATIO * self.peak
+        return self.peak - METER_SLACK_BYTES <= self.planned["total"] <= MAX_RATIO * self.peak
 
 
 def rank_checks(run_dir: str | Path) -> list[RankCheck]:

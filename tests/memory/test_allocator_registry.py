@@ -1,8 +1,8 @@
 """Every registered method's plan against the allocator (issue 52): suites/memory-allocator.toml's runs of the method
 (digits-mlp with AdamW, the GroupNorm ResNet with momentum SGD, the GPT with AdamW; 5 steps, one seed) through
-`dtbench run`, and on every rank of every run, allocator peak <= plan <= MAX_RATIO x allocator peak
-(harness/report/plan_check.py). Parametrised over the registry, so a method without an accurate plan, or without runs
-in the suite, fails it."""
+`dtbench run`, and on every rank of every run, allocator peak (less the CPU meter's resolution, METER_SLACK_BYTES)
+<= plan <= MAX_RATIO x allocator peak (harness/report/plan_check.py). Parametrised over the registry, so a method
+without an accurate plan, or without runs in the suite, fails it."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ SUITE = Path(__file__).resolve().parents[2] / "suites" / "memory-allocator.toml"
 #: open), with their plan / peak per rank (mlp, resnet, gpt) as measured on 2026-12-07 at 7b7ae1f (docs/memory.md has
 #: the table). Those far outside are expected to fail, strictly: one whose plan comes within the gate fails here until
 #: it leaves the list. Those within a few hundred bytes of the peak (NEAR) read either way from run to run (the CPU
-#: meter misses what gloo's worker thread frees: docs/memory.md), so their expected failure is not strict.
+#: meter misses what gloo's worker thread frees: docs/memory.md), so their expected failure is not strict. sgd,
+#: single, ddp, local, gpipe, 1f1b, interleaved-1f1b and zb-h1 are held to the gate (2026-12-08, 7e8a400 and b158521:
+#: every rank within it in 2 to 4 runs each).
 NOT_YET: dict[str, str] = {
     "apapo": "0.79 0.89 | 0.71 0.91 | 0.89 0.79: under",
     "dgc": "0.79 0.56 | 0.55 0.55 | 0.61 0.71: the meter misses frees on gloo's thread; DGC's sampled top-k count",
@@ -36,13 +38,7 @@ NOT_YET: dict[str, str] = {
     "qsgd": "0.93 0.79 | 0.80 0.80 | 0.98 0.93: the meter misses frees on gloo's thread",
 }
 NEAR: dict[str, str] = {
-    "1f1b": "1.000 1.06 | 1.000 1.01 | 0.985 0.990: the GPT's stage forward 34 KB over its profile",
-    "ddp": "1.000 1.000 | 1.000 1.000 | 1.08 1.08: bytes of meter jitter on the MLP and ResNet",
-    "gpipe": "1.000 1.07 | 1.006 1.04 | 1.01 1.01: 200 B short on the MLP's first stage",
-    "interleaved-1f1b": "1.01 0.94 (digits-cnn) | 1.00 1.00 | 0.994 0.994: under",
-    "local": "1.04 1.06 | 1.000 1.000 | 1.02 1.00: bytes of meter jitter",
     "terngrad": "0.82 1.00 | 1.00 1.00 | 1.000 1.000: the meter misses frees on gloo's thread",
-    "zb-h1": "1.000 1.07 | 1.000 1.04 | 0.985 1.03: 256 B short on the ResNet's first stage (GroupNorm's statistics?)",
 }
 
 
