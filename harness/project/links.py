@@ -33,14 +33,6 @@ class Link:
         return nbytes / self.bandwidth
 
 
-def emulated_burst_bytes(rate_bps: int) -> float:
-    """The tbf burst the emulation gives a link of rate_bps (harness/net/emulation.py), in bytes on the wire."""
-    from harness.net.emulation import tbf_args
-
-    args = tbf_args(rate_bps)
-    return float(args[args.index("burst") + 1])
-
-
 def link_of(network: str, latency_s: float = 0.0, unshaped_rate_bps: float = UNSHAPED_RATE_BPS,
             efficiency: float = WIRE_EFFICIENCY, emulated: bool = False) -> Link:
     """A --network text ('100mbit', '1gbit,latency=1ms', 'unlimited', '' for loopback) -> its Link.
@@ -57,7 +49,11 @@ def link_of(network: str, latency_s: float = 0.0, unshaped_rate_bps: float = UNS
         bandwidth = unshaped_rate_bps / 8
     else:
         bandwidth = spec.rate_bps * efficiency / 8
-        burst = emulated_burst_bytes(spec.rate_bps) * efficiency if emulated else 0.0
+        if emulated:  # tbf's burst as the emulation sets it (harness/net/emulation.py), in bytes on the wire
+            from harness.net.emulation import tbf_args
+
+            args = tbf_args(spec.rate_bps)
+            burst = float(args[args.index("burst") + 1]) * efficiency
     alpha = spec.latency_s if spec is not None and spec.latency else latency_s
     return Link(network, bandwidth, alpha, burst)
 
