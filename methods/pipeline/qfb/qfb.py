@@ -191,14 +191,18 @@ class QFB(PipelineMethod):
 
     def _terms(self, prints: list[Footprint], transients: list[int], module: nn.Module, blocks: tuple[int, int],
                first: bool, last: bool, optimizer: torch.optim.Optimizer, versions: int) -> StageTerms:
-        """The core's terms, and what Q-FB's wire and lanes add (lane_bytes.py): a backward's transient is at least
+        """The core's terms (the stage's first block's backward transient less the input's gradient, which the walk
+        holds as the send's grad_input from the backward on), and what Q-FB's wire and lanes add (lane_bytes.py): a
+        backward's transient is at least
         its gradient's encoding (2-Step GC's); where the lanes are threads, the forward lane may run its worst action
         beside it, on the next microbatch, which the walk (lane_order) counts as forwarded already: what a forward,
         a decode (before the microbatch's saved tensors and output exist) or an encode holds beyond that adds to
         the backward's (and to the update's, unless exact, where the window's forwards are done by then); 2-Step
         GC's residual (one per message size) is held throughout."""
-        terms = super()._terms(prints, transients, module, blocks, first, last, optimizer, versions)
         p, device, (a, b) = self.ctx.params, self.ctx.device, blocks
+        if not first:  # the stage's first block's transient holds the gradient flowing out: the walk's grad_input
+            transients = [*transients[:a], max(0, transients[a] - prints[a].input_bytes), *transients[a + 1:]]
+        terms = super()._terms(prints, transients, module, blocks, first, last, optimizer, versions)
         into = 0 if first else prints[a].input_bytes // 4  # fp32 elements of the stage's input (and its gradient)
         out = 0 if last else prints[b - 1].output_bytes // 4
         backward = max(terms.backward_temps, codec_transient(lambda: self.make_codec("grad"), into, device))
