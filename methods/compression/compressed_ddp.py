@@ -54,6 +54,10 @@ class CompressedDDP(ReleasedAfterBackward, DDP):
         compressor = self.make_compressor()
         return CompressionHook(comm, compressor, self.make_memory(compressor), names, self.dense_names())
 
+    def make_profile_hook(self, comm: Communicator) -> CompressionHook:
+        """The hook the plan profiles (hook_profile): by default a fresh one as make_hook makes it."""
+        return self.make_hook(comm)
+
     def register_hook(self) -> None:
         self.hook = self.make_hook(self.ctx.comm)
         self.compressor, self.memory = self.hook.compressor, self.hook.memory
@@ -70,7 +74,7 @@ class CompressedDDP(ReleasedAfterBackward, DDP):
             x, y = train.inputs(index).to(device), train.targets(index).to(device)
             grads = sample_gradients(self.network, lambda: loss_fn(self.network(x), y), device)
             params = [p for p in self.network.parameters() if p.requires_grad]
-            self._hook_profile = profile_hook(self.make_hook, self.ctx.rank, self.ctx.world_size, params, grads,
+            self._hook_profile = profile_hook(self.make_profile_hook, self.ctx.rank, self.ctx.world_size, params, grads,
                                               device)
         return self._hook_profile
 

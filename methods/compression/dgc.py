@@ -9,10 +9,12 @@ from typing import Any
 import torch
 from pydantic import Field, model_validator
 
+from harness.comm.communicator import Communicator
 from harness.data.tensors import Batch
 from harness.method import RunContext, StepStats
 from methods.compression.compressed_ddp import CompressedDDP, CompressionParams
 from methods.compression.core import Compressed, Compressor, Memory
+from methods.compression.hook import CompressionHook
 
 #: Warm-up densities (the paper's sparsities 75%, 93.75%, 98.4375%, 99.6%, 99.9%), equal shares of the warm-up.
 WARMUP_DENSITIES = (0.25, 0.0625, 0.015625, 0.004, 0.001)
@@ -92,6 +94,7 @@ class DGCCompressor(Compressor):
         self.slots = 0  # payload entries this step (sparse tensors): kept + padding
         self._generator: torch.Generator | None = None
         self._scratch: dict[str, torch.Tensor] = {}
+        self.worst_case = False  # select's larger branch whatever the values: for the plan's profile of the hook
 
     @property
     def density(self) -> float:
@@ -109,7 +112,8 @@ class DGCCompressor(Compressor):
 
         The threshold is the smallest of the top ceil(density·s) of s = max(1, sample_fraction·n) entries drawn at
         random (with replacement). Every entry at least that large is a candidate; if more than k are, the k
-        largest of them are kept (exact top-k over ~k candidates is cheap). If fewer are, all of them are kept.
+        largest of them are kept (exact top-k over ~k candidates is cheap; at the warm-up's densities, counted
+        first and taken over the whole tensor: _at_least_or_top). If fewer are, all of them are kept.
         """
         n = tensor.numel()
         samples = min(n, max(1, int(self.sample_fraction * n)))
@@ -123,11 +127,30 @@ class DGCCompressor(Compressor):
         top = min(samples, math.ceil(self.density * samples))
         threshold = float(sample.topk(top, sorted=False).values.min())
         threshold = max(threshold, torch.finfo(tensor.dtype).tiny)  # zeros are never worth sending
-        block = BLOCK if self.density <= BLOCK_MAX_DENSITY else None
-        indices = indices_at_least(tensor, threshold, block, self._scratch)
+        if self.density > BLOCK_MAX_DENSITY:
+            return self._at_least_or_top(tensor, threshold, k)
+        indices = indices_at_least(tensor, threshold, BLOCK, self._scratch)
         if indices.numel() > k:
             indices = indices[tensor.index_select(0, indices).abs_().topk(k, sorted=False).indices]
         return indices
+
+    def _at_least_or_top(self, tensor: torch.Tensor, threshold: float, k: int) -> torch.Tensor:
+        """Above BLOCK_MAX_DENSITY (the warm-up's densities): the entries at least `threshold` when at most k are,
+        else the exact k largest |v| (the paper's re-selection when too many pass; the same k entries as the k
+        largest candidates, ties aside). Counted first, so that what it allocates never depends on how many
+        passed: at most k int64 indices and k fp32 magnitudes (topk's), beside the scratch |v| and mask. The plan
+        profiles the hook on the top-k branch, the larger (`worst_case`, set on the profile's compressor)."""
+        n = tensor.numel()
+        magnitude, mask = self._scratch.get("magnitude"), self._scratch.get("mask")
+        if magnitude is None or magnitude.numel() < n or magnitude.device != tensor.device:
+            magnitude = self._scratch["magnitude"] = torch.empty(n, dtype=tensor.dtype, device=tensor.device)
+            mask = self._scratch["mask"] = torch.empty(n, dtype=torch.bool, device=tensor.device)
+        torch.abs(tensor, out=magnitude[:n])
+        torch.ge(magnitude[:n], threshold, out=mask[:n])
+        passed = int(mask[:n].sum())
+        if passed > k or self.worst_case:
+            return magnitude[:n].topk(k, sorted=False).indices
+        return mask[:n].nonzero().view(-1)
 
     def compress(self, tensor: torch.Tensor, name: str) -> Compressed:
         tensor = tensor.detach().view(-1)
@@ -161,7 +184,8 @@ class DGCCompressor(Compressor):
         return out.view(-1).index_add_(0, indices, values.float()).view_as(out)
 
     def scratch_bytes(self) -> int:
-        """indices_at_least's |v| and mask buffers (used above BLOCK_MAX_DENSITY: the warm-up's densities)."""
+        """The |v| and mask buffers of _at_least_or_top and indices_at_least (above BLOCK_MAX_DENSITY: the warm-up's
+        densities; and tensors under BLOCK elements)."""
         return sum(t.numel() * t.element_size() for t in self._scratch.values())
 
     def pop_stats(self) -> dict[str, float]:
@@ -339,6 +363,13 @@ of n elements (as its DDP bucket's gradient is ready):
 
     def dense_names(self) -> set[str]:
         return set()  # small tensors go dense inside DGCCompressor, still through the memory's momentum
+
+    def make_profile_hook(self, comm: Communicator) -> CompressionHook:
+        """The profiled hook selects by its larger branch (DGCCompressor.worst_case): at the warm-up's densities the
+        exact top-k, whose bytes bound those of any count of candidates at least the sampled threshold."""
+        hook = self.make_hook(comm)
+        hook.compressor.worst_case = True
+        return hook
 
     def train_step(self, batch: Batch) -> StepStats:
         self.compressor.epoch = batch.epoch

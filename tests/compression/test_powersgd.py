@@ -1,6 +1,7 @@
-"""PowerSGD (torch's powerSGD_hook, counted): its payload per step is (n + m)·r per matrix plus the tensors it leaves
-uncompressed, its warm-up sends the dense gradients, its error feedback is the paper's e <- (g + e) - M', and a run
-resumed from a checkpoint continues as an uninterrupted one."""
+"""PowerSGD (torch's powerSGD_hook written out, counted): it trains exactly as torch's hook does, its payload per step
+is (n + m)·r per matrix plus the tensors it leaves uncompressed, its warm-up sends the dense gradients, its error
+feedback is the paper's e <- (g + e) - M', what its callbacks held is let go of after the backward, and a run resumed
+from a checkpoint continues as an uninterrupted one."""
 
 from __future__ import annotations
 
@@ -32,20 +33,24 @@ def test_a_warm_up_too_short_for_error_feedback_is_refused():
     assert PowerSGDParams(start_iter=1, use_error_feedback=False, warm_start=False).start_iter == 1
 
 
-def _run(rank, world_size, params, steps, resume_at=None):
+def _run(rank, world_size, params, steps, resume_at=None, torch_hook=False):
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
+
     from harness.data.tensors import Batch, DataOrder
     from methods.compression import powersgd as module
+    from methods.compression.retire import Retired
 
     checks = []
-    original = module.powerSGD_hook
+    original = module.powersgd_hook
+    held_after_backward = []
 
-    def checked(state, bucket):  # the paper's error feedback, checked on what torch's hook did
+    def checked(state, bucket, retired):  # the paper's error feedback, checked on what the hook did
         compressed = state.iter >= state.start_powerSGD_iter
         index = bucket.index()
         before = bucket.buffer().detach().clone()
         error = state.error_dict.get(index)
         error = torch.zeros_like(before) if error is None else error.clone()
-        fut = original(state, bucket)
+        fut = powerSGD_hook(state, bucket) if torch_hook else original(state, bucket, retired)
 
         def after(f):
             out = f.value()
@@ -55,9 +60,16 @@ def _run(rank, world_size, params, steps, resume_at=None):
 
         return fut.then(after)
 
-    module.powerSGD_hook = checked
+    module.powersgd_hook = checked
     cls, ctx = context("powersgd", rank, world_size, params)
     method = cls(ctx)
+
+    def counted_release():
+        held_after_backward.append(len(method.retired))
+        Retired.release(method.retired)
+        assert len(method.retired) == 0
+
+    method.retired.release = counted_release
     order = DataOrder(len(ctx.workload.train), 32, seed=0)
     history, extras = [], []
     for step in range(steps):
@@ -68,17 +80,31 @@ def _run(rank, world_size, params, steps, resume_at=None):
             _, ctx2 = context("powersgd", rank, world_size, params, seed=1)  # another seed: all must come back
             method = cls(ctx2)
             method.load_state_dict(torch.load(buffer, weights_only=True))
+            method.retired.release = counted_release
         stats = method.train_step(Batch(step, 0.0, order.batch(step), ctx.workload.train, 0))
         history.append(torch.cat([p.detach().flatten() for p in method.model.module.parameters()]))
         extras.append(stats.extra)
     shapes = [tuple(p.shape) for p in method.model.module.parameters()]
-    return history, extras, ctx.comm.ledger.by_category(), shapes, checks
+    module.powersgd_hook = original
+    return history, extras, ctx.comm.ledger.by_category(), shapes, checks, held_after_backward
+
+
+@pytest.mark.slow
+def test_the_hook_trains_exactly_as_torchs_powersgd_hook():
+    params = {"rank": 2, "start_iter": 2}
+    ours = spawn(_run, 2, params, 5)
+    torchs = spawn(_run, 2, params, 5, None, True)
+    for rank in range(2):
+        for step, (a, b) in enumerate(zip(ours[rank][0], torchs[rank][0], strict=True)):
+            assert torch.equal(a, b), f"rank {rank}: our hook and torch's differ after step {step + 1}"
+    # warm-up steps hold nothing; a compressed step's bag and its sent cat are held until the backward's end
+    assert ours[0][5][:2] == [0, 0] and all(n > 0 for n in ours[0][5][2:])
 
 
 @pytest.mark.slow
 def test_powersgd_counts_its_bytes_keeps_ranks_equal_and_feeds_back_its_error():
     params = {"rank": 2, "start_iter": 2}
-    (h0, extras, by_cat, shapes, checks), (h1, _, _, _, _) = spawn(_run, 2, params, 5)
+    (h0, extras, by_cat, shapes, checks, _), (h1, *_) = spawn(_run, 2, params, 5)
     for step, (a, b) in enumerate(zip(h0, h1, strict=True)):
         assert torch.equal(a, b), f"ranks differ after step {step + 1}"
     dense = 4 * sum(torch.Size(s).numel() for s in shapes)
