@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from harness.data.tensors import Batch
-from harness.memory import DoesNotFit, LossBlock
+from harness.memory import DoesNotFit, Footprint, LossBlock
 from harness.method import RunContext, StepStats
 from harness.schedule.ir import Schedule
 from harness.split import uniform_split
@@ -22,10 +22,9 @@ from harness.trace import StepSchedule
 from methods.blocks import VIRTUAL_DEFAULT_PARTS, too_few
 from methods.pipeline.apapo import antichain, layers
 from methods.pipeline.apapo import schedule as schedules
-from methods.pipeline.apapo.graph import LayerGraph
 from methods.pipeline.apapo.hardware import hardware_for
-from methods.pipeline.apapo.memory import GraphMemory, shapes, stage_bytes
-from methods.pipeline.apapo.plan import LayerPlan, agree
+from methods.pipeline.apapo.memory import GraphMemory, copied_transients, shapes, stage_bytes
+from methods.pipeline.apapo.plan import LayerPlan, agree, why
 from methods.pipeline.apapo.weights import DoubleBuffered
 from methods.pipeline.compensation.prediction import NO_VELOCITY
 from methods.pipeline.compensation.spike import SpikeCompensatedSGD
@@ -241,15 +240,26 @@ class APapo(PipelineMethod):
             raise refused or DoesNotFit("does not fit: rank 0's planner found no plan within memory_per_rank")
         return list(layers.split(traced, self.layer_plan.prefixes))
 
+    def _profile_batch(self) -> tuple[torch.Tensor, LossBlock]:
+        """The run's largest microbatch of training inputs, and the loss on its labels (what the plans profile)."""
+        train, device = self.ctx.workload.train, self.ctx.device
+        index = torch.arange(min(len(train), max(self.microbatch_sizes())))
+        return train.inputs(index).to(device), LossBlock(self.ctx.workload.loss, train.targets(index).to(device))
+
+    def _footprints(self, blocks: list[nn.Module]) -> list[Footprint]:
+        """Every pipeline's, with a stage of delay D > 0 differentiating a copy of its weights (copied_transients)."""
+        prints = super()._footprints(blocks)
+        self._transients = copied_transients(blocks, *self._profile_batch(), prints, self._transients,
+                                             self.stage_delays(len(blocks)))
+        return prints
+
     def _graph_memory(self, traced: layers.TracedModel) -> GraphMemory:
         """The planner's price of a down-set stage (apapo/memory.py): built and profiled on the run's largest
         microbatch, priced by the runner's terms (planned_terms) and walk (stage_walk)."""
-        train, device = self.ctx.workload.train, self.ctx.device
-        index = torch.arange(min(len(train), max(self.microbatch_sizes())))
         walk = self.stage_walk(self.planned_workers(self.ctx.world_size, self.ctx.params))  # APapo gives its step
-        return GraphMemory(walk, traced, train.inputs(index).to(device), LossBlock(  # type: ignore[arg-type]
-            self.ctx.workload.loss, train.targets(index).to(device)), lambda prints, transients, module, i, first,
-            after, held: self.planned_terms(prints, transients, module, (i, i + 1), first, after, held))
+        return GraphMemory(walk, traced, *self._profile_batch(), lambda prints, transients, module, i, first, after,  # type: ignore[arg-type]
+                           held: self.planned_terms(prints, transients, module, (i, i + 1), first, after, held),
+                           lambda after: self.planned_delay(after) > 0)
 
     def planned_delay(self, after: int) -> int:
         """The delay D of a stage with `after` stages after it (stage_delays' rule, by its place from the end)."""
@@ -281,7 +291,7 @@ class APapo(PipelineMethod):
             prefixes = list(accumulate((sum(1 << i for i in st.nodes) for st in plan.stages), lambda a, b: a | b))
             groups = [stage.ranks for stage in plan.stages]
             record["dp_states"] = plan.states
-            record["choice"] = self._why(graph, hardware, workers, plan)
+            record["choice"] = why(graph, hardware, workers, plan, params)
         else:
             count = self.requested_stages(self.ctx.world_size, params)
             layer_count = graph.size - 1  # node 0 is the input
@@ -308,21 +318,6 @@ class APapo(PipelineMethod):
                             for i, (name, profile) in enumerate(zip(graph.names, profiles_to_dicts(graph.profiles),
                                                                     strict=True))]
         return prefixes, groups, record
-
-    def _why(self, graph: LayerGraph, hardware: antichain.Hardware, workers: int, plan: antichain.GraphPlan
-             ) -> dict[str, Any]:
-        """Why the DP chose its plan: its predicted time per microbatch beside the best plan of one rank per stage
-        and plain data parallelism (every layer on every rank), on the same profile and hardware."""
-        params = self.ctx.params
-        pipeline = antichain.antichain_partition(graph, hardware, params.stages, False) if workers > 1 else plan
-        replicated = antichain.predict(graph, hardware, [graph.full], [tuple(range(workers))])
-        kind = ("data parallel" if len(plan.stages) == 1 and workers > 1 else
-                "pipeline, one rank per stage" if all(len(s.ranks) == 1 for s in plan.stages) else
-                "pipeline with replicated stages")
-        return {"chosen": kind, "stages": len(plan.stages), "replicas": plan.replicas, "predicted_s": plan.slowest_s,
-                "one_rank_per_stage_s": pipeline.slowest_s, "data_parallel_s": replicated.slowest_s,
-                "deterministic": params.profile == "counted" and (
-                    "snapped measurements" if "measured" in (params.rank_speeds, params.bandwidth) else True)}
 
     def make_plan(self, blocks: list[nn.Module], example: torch.Tensor, stages: int | None) -> Plan:
         record = self.layer_plan.record

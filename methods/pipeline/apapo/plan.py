@@ -1,5 +1,5 @@
 """APapo's partition as a plan object: each stage's down-set of the layer graph, the ranks of each stage, what
-partition.json records, and how every rank comes to hold rank 0's plan."""
+partition.json records (why the DP chose it), and how every rank comes to hold rank 0's plan."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Any
 import torch
 
 from harness.comm.communicator import Communicator
+from methods.pipeline.apapo import antichain
+from methods.pipeline.apapo.graph import LayerGraph
 
 
 @dataclass
@@ -54,3 +56,18 @@ def agree(solved: LayerPlan | None, nodes: int, workers: int, comm: Communicator
     if comm is not None:
         comm.broadcast(packed, 0, "control")
     return LayerPlan.from_tensor(packed, nodes, workers, solved.record if solved is not None else None)
+
+
+def why(graph: LayerGraph, hardware: antichain.Hardware, workers: int, plan: antichain.GraphPlan, params: Any
+        ) -> dict[str, Any]:
+    """Why the DP chose its plan: its predicted time per microbatch beside the best plan of one rank per stage and
+    plain data parallelism (every layer on every rank), on the same profile and hardware (`params`: APapo's)."""
+    pipeline = antichain.antichain_partition(graph, hardware, params.stages, False) if workers > 1 else plan
+    replicated = antichain.predict(graph, hardware, [graph.full], [tuple(range(workers))])
+    kind = ("data parallel" if len(plan.stages) == 1 and workers > 1 else
+            "pipeline, one rank per stage" if all(len(s.ranks) == 1 for s in plan.stages) else
+            "pipeline with replicated stages")
+    return {"chosen": kind, "stages": len(plan.stages), "replicas": plan.replicas, "predicted_s": plan.slowest_s,
+            "one_rank_per_stage_s": pipeline.slowest_s, "data_parallel_s": replicated.slowest_s,
+            "deterministic": params.profile == "counted" and (
+                "snapped measurements" if "measured" in (params.rank_speeds, params.bandwidth) else True)}
