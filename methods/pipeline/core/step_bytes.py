@@ -35,7 +35,9 @@ class StageTerms:
     holds above what existed before it: the gradients it makes, its transients, less the saved tensors autograd
     lets go as it goes; its input's gradient apart), for a step's first backward, instead of `gradients` +
     `backward_temps` on top of everything the microbatch saved; `codec_state`, what the wire's codecs keep from one
-    message to the next (Q-FB's 2-Step GC: its error-feedback residuals), held throughout as buffers."""
+    message to the next (Q-FB's 2-Step GC: its error-feedback residuals), held throughout as buffers;
+    `forward_temps`, a forward's transient before what it keeps (PB: the weights it predicts, with the prediction's
+    own temporaries, and the forward's own peak)."""
 
     weights: int
     gradients: int
@@ -57,6 +59,7 @@ class StageTerms:
     kept_batch: int = 0
     backward_peak: int | None = None
     codec_state: int = 0
+    forward_temps: int = 0
 
 
 @dataclass
@@ -145,6 +148,8 @@ class StepBytes(Handler[tuple[int, Action]]):
             if a.op is Op.SEND_GRAD:  # a codec's encoded copy left: the gradient it encoded is freed
                 live.buffers -= live.messages.pop((a.stage, a.key, "encoded dx"), 0)
         elif a.op is Op.FORWARD:
+            if t.forward_temps:
+                self._note(worker, live, t.forward_temps)
             live.owed[(a.stage, a.key)] = t.saved
             live.activations += t.saved
             live.stashes[(a.stage, a.key)] = t.stash
