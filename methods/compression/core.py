@@ -33,10 +33,12 @@ class Compressor(abc.ABC):
     #: True when payloads of different ranks can be summed element-wise (all-reduce); otherwise they are gathered.
     sums: ClassVar[bool] = False
 
-    def prepare(self, named: list[tuple[str, torch.Tensor]], comm: Communicator) -> None:
+    def prepare(self, named: list[tuple[str, torch.Tensor]], comm: Communicator) -> list[torch.Tensor] | None:
         """Called once per DDP bucket before its tensors are compressed, for collective set-up (TernGrad's shared
         scalers). `named` is [(parameter name, flat local gradient, before memory compensation)] of the tensors
-        this compressor will see. Default: nothing."""
+        this compressor will see. Returns the tensors it handed to a collective, which the hook keeps until the
+        method lets go of them on the main thread (retire.py: gloo's worker thread may hold them a moment after
+        the collective is waited on). Default: nothing."""
         return None
 
     @abc.abstractmethod

@@ -59,7 +59,7 @@ class CompressionHook:
             offset += p.numel()
         named.sort(key=lambda item: self.position[item[0]])
         compressed_part = [(n, g) for n, g, _ in named if n not in self.dense]
-        self.compressor.prepare(compressed_part, self.comm)
+        self.retired.sent(*(self.compressor.prepare(compressed_part, self.comm) or ()))
         self.memory.prepare(compressed_part)
         items = []
         for name, grad, param in named:

@@ -60,15 +60,16 @@ class TernGradCompressor(Compressor):
             scaler = min(max_abs, self.clip_c * math.sqrt(variance))
         return torch.tensor(scaler, dtype=torch.float32).item()
 
-    def prepare(self, named: list[tuple[str, torch.Tensor]], comm: Communicator) -> None:
-        """Scaler sharing: one all-reduce(MAX) of this bucket's per-layer scalers."""
+    def prepare(self, named: list[tuple[str, torch.Tensor]], comm: Communicator) -> list[torch.Tensor] | None:
+        """Scaler sharing: one all-reduce(MAX) of this bucket's per-layer scalers (returned: the hook retires them)."""
         self._shared = {}
         if not self.share_scalers or not named:
-            return
+            return None
         scalers = torch.tensor([self.local_scaler(grad) for _, grad in named], dtype=torch.float32,
                                device=named[0][1].device)
         comm.all_reduce(scalers, "gradients", op=dist.ReduceOp.MAX)
         self._shared = dict(zip((name for name, _ in named), scalers.tolist(), strict=True))
+        return [scalers]
 
     def compress(self, tensor: torch.Tensor, name: str) -> Compressed:
         grad = flat_fp32(tensor, "terngrad", name)
