@@ -5,6 +5,7 @@ planners' StageWalk (a candidate stage's terms walked over the method's steady-s
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
@@ -155,7 +156,7 @@ class StageWalk:
 
 
 def backward_transients(blocks: list[nn.Module], example: torch.Tensor, loss: nn.Module,
-                        prints: list[Footprint], accumulate: bool = True, copies: bool = False) -> list[int]:
+                        prints: list[Footprint], accumulate: bool = True, copies: Collection[int] = ()) -> list[int]:
     """Each block's backward transient on `example` fed through the chain (`loss` last; `prints` their
     footprints): the allocator's peak over one forward and backward of the block alone (harness/memory/passes.py;
     the block's input and the gradient flowing in exist before it) less what the plan counts apart (the block's
@@ -164,10 +165,10 @@ def backward_transients(blocks: list[nn.Module], example: torch.Tensor, loss: nn
     AccumulateGrad keeps each new gradient as the .grad) and as a later one does (the .grad exists: each new
     gradient is a temporary added into it, alive with the op's workspaces; CPU convolution_backward holds two
     weight-sized buffers then, digits-resnet's 64x64 conv: 2 x 147,456 B). Without `accumulate` (a method whose
-    every backward is the first since an update, as PB's one sample per tick) only the first is profiled. With
-    `copies` (a block whose backward differentiates a copy of its weights, a stash or a weight version, while the live
-    weights' .grad exists: Stage.backward adds the copy's gradients into it once the backward is done) the first
-    profile's gradients are temporaries too, alive until the backward ends. A stage's
+    every backward is the first since an update, as PB's one sample per tick) only the first is profiled. For the
+    blocks whose chain index is in `copies` (a backward that differentiates a copy of the weights, a stash or a
+    weight version, while the live weights' .grad exists: Stage.backward adds the copy's gradients into it once the
+    backward is done) the first profile's gradients are temporaries too, alive until the backward ends. A stage's
     backward transient is its largest block's. Buffers (BatchNorm's statistics) and the RNG
     are as they were on return."""
     chain = [*blocks, loss]
@@ -189,7 +190,7 @@ def backward_transients(blocks: list[nn.Module], example: torch.Tensor, loss: nn
 
             p = prints[index]
             counted = p.saved_bytes + (0 if p.saves_output else p.output_bytes)
-            first = pass_peak(one, [block], device) - (0 if copies else gradient_bytes([block]))
+            first = pass_peak(one, [block], device) - (0 if index in copies else gradient_bytes([block]))
             later = pass_peak(one, [block], device, accumulate=True) if accumulate else 0
             out.append(max(0, first - counted, later - counted))
             x = y
