@@ -259,7 +259,7 @@ class APapo(PipelineMethod):
         walk = self.stage_walk(self.planned_workers(self.ctx.world_size, self.ctx.params))  # APapo gives its step
         return GraphMemory(walk, traced, *self._profile_batch(), lambda prints, transients, module, i, first, after,  # type: ignore[arg-type]
                            held: self.planned_terms(prints, transients, module, (i, i + 1), first, after, held),
-                           lambda after: self.planned_delay(after) > 0)
+                           lambda first, last: not (first and last) and self.planned_delay(0 if last else 1) > 0)
 
     def planned_delay(self, after: int) -> int:
         """The delay D of a stage with `after` stages after it (stage_delays' rule, by its place from the end)."""

@@ -31,37 +31,29 @@ class GraphMemory:
     computed once."""
 
     def __init__(self, walk: StageWalk, traced: TracedModel, example: torch.Tensor, loss: LossBlock,
-                 terms: GraphTerms, copied: Callable[[int], bool] = lambda after: False):
+                 terms: GraphTerms, copied: Callable[[bool, bool], bool] = lambda first, last: False):
         self.walk, self.traced, self.example, self.loss, self.terms = walk, traced, example, loss, terms
-        self.copied = copied  # whether a stage with `after` stages after it differentiates a copy of its weights
-        self._profiles: dict[tuple[int, int], tuple[list[Footprint], list[int], nn.Module, int, list[nn.Module]]] = {}
-        self._copies: dict[tuple[int, int], list[int]] = {}
+        self.copied = copied  # whether a stage (the first? the last?) differentiates a copy of its weights
+        self._profiles: dict[tuple[int, int], tuple[list[Footprint], list[int], nn.Module, int]] = {}
         self._prices: dict[tuple[int, int, int, int], int] = {}
 
-    def _profile(self, previous: int, mask: int) -> tuple[list[Footprint], list[int], nn.Module, int, list[nn.Module]]:
+    def _profile(self, previous: int, mask: int) -> tuple[list[Footprint], list[int], nn.Module, int]:
         key = (previous, mask)
         if key not in self._profiles:
             full = self.traced.graph.full
             prefixes = [p for p in (previous, mask) if p and p != full] + [full]
             chain = list(split(self.traced, prefixes))
             prints = footprints([*chain, self.loss], self.example, detach_inputs=True)
-            transients = backward_transients(chain, self.example, self.loss, prints)
-            index = 1 if previous else 0
-            self._profiles[key] = (prints, transients, chain[index], index, chain)
+            index = 1 if previous else 0  # a stage's place fixes its delay: the last (mask = full) or one before
+            transients = backward_transients(chain, self.example, self.loss, prints,
+                                             copies={index} if self.copied(previous == 0, mask == full) else ())
+            self._profiles[key] = (prints, transients, chain[index], index)
         return self._profiles[key]
-
-    def _copied(self, previous: int, mask: int) -> list[int]:
-        """The chain's transients profiled as a stage that differentiates a copy of its weights runs them."""
-        if (previous, mask) not in self._copies:
-            prints, _, _, _, chain = self._profile(previous, mask)
-            self._copies[(previous, mask)] = backward_transients(chain, self.example, self.loss, prints, copies=True)
-        return self._copies[(previous, mask)]
 
     def __call__(self, previous: int, mask: int, replicas: int, after: int) -> int:
         key = (previous, mask, replicas, after)
         if key not in self._prices:
-            prints, transients, module, index, _ = self._profile(previous, mask)
-            transients = self._copied(previous, mask) if self.copied(after) else transients
+            prints, transients, module, index = self._profile(previous, mask)
             terms = self.terms(prints, transients, module, index, previous == 0, after,
                                self.walk.held(replicas, after))
             self._prices[key] = self.walk.bytes(terms, replicas, after).total
@@ -75,8 +67,7 @@ def copied_transients(blocks: list[nn.Module], example: torch.Tensor, loss: nn.M
     exists (backward_transients(copies=True); a GPT stage's layer-norm gradients beside its MLP's backward)."""
     if not any(delays):
         return transients
-    copied = backward_transients(blocks, example, loss, prints, copies=True)
-    return [c if s < len(delays) and delays[s] else t for s, (t, c) in enumerate(zip(transients, copied, strict=True))]
+    return backward_transients(blocks, example, loss, prints, copies={s for s, d in enumerate(delays) if d})
 
 
 def stage_bytes(plan: GraphPlan, memory: GraphMemory) -> list[int]:
