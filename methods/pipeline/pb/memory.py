@@ -14,12 +14,15 @@ from harness.memory.profile import as_they_were
 
 @dataclass(frozen=True)
 class StagePass:
-    """One stage's forward and backward on a microbatch, by the allocator. `kept`: the bytes its forward leaves
-    allocated (the saved tensors beyond its input, and its output); `backward_peak`: the most bytes its backward
-    holds above what existed before it (the gradients it makes, its ops' gradients and workspaces, less the saved
-    tensors autograd lets go as it goes: a stage's cells are weak, core/stage.py), the input's gradient (the dx sent
-    back, a buffer of the plan's own) left out."""
+    """One stage's forward and backward on a microbatch, by the allocator. `forward_peak`: the most bytes its forward
+    holds at once (`no_grad_peak`: run without autograd, as a recomputing stage's first forward runs); `kept`: the
+    bytes it leaves allocated (the saved tensors beyond its input, and its output); `backward_peak`: the most bytes
+    its backward holds above what existed before it (the gradients it makes, its ops' gradients and workspaces, less
+    the saved tensors autograd lets go as it goes: a stage's cells are weak, core/stage.py), the input's gradient
+    (the dx sent back, a buffer of the plan's own) left out."""
 
+    forward_peak: int
+    no_grad_peak: int
     kept: int
     backward_peak: int
 
@@ -44,7 +47,10 @@ def stage_pass(module: nn.Module, example: torch.Tensor, loss: nn.Module | None,
                     out = module(x)
                     held.append(out if loss is None else loss(out))
 
-            probe = -(-peak_of(forward, device) // 64) * 64 + 64  # larger than the forward's peak, 64-byte aligned
+            forward_peak = peak_of(forward, device)
+            with torch.no_grad():
+                no_grad_peak = peak_of(lambda: module(x), device)
+            probe = -(-forward_peak // 64) * 64 + 64  # larger than the forward's peak, 64-byte aligned
             held.clear()
             kept = peak_of(lambda: (forward(), held.append(torch.empty(probe, dtype=torch.uint8, device=device))),
                            device) - probe
@@ -58,4 +64,4 @@ def stage_pass(module: nn.Module, example: torch.Tensor, loss: nn.Module | None,
     finally:
         for p, g in zip(params, grads, strict=True):
             p.grad = g
-    return StagePass(kept, max(0, peak - (tensor_bytes([x]) if x.requires_grad else 0)))
+    return StagePass(forward_peak, no_grad_peak, kept, max(0, peak - (tensor_bytes([x]) if x.requires_grad else 0)))

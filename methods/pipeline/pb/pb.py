@@ -172,21 +172,30 @@ class PipelinedBackprop(PipelineMethod):
         backward (a stash, held from the forward to the backward, instead of `held` of them throughout; lwp_w's
         weights before the last update stay throughout); the first stage's sample (its step's batch, which the
         first block saves until the sample's backward 2(S-1) ticks later); the last stage's labels of S samples
-        (train_step keeps each from its step until the last stage's forward, S-1 ticks later); and, unless the
-        backward recomputes, the stage profiled whole with the allocator (pb/memory.py stage_pass): its forward's
-        saved tensors as the allocator holds them (a view's whole storage: q, k and v of one qkv), its backward's
-        peak (a step's first, as each of PB's is)."""
+        (train_step keeps each from its step until the last stage's forward, S-1 ticks later); lwp_w's copy of the
+        weights made at the update beside the last one; and the stage profiled whole with the allocator
+        (pb/memory.py stage_pass): its forward's saved tensors as the allocator holds them (a view's whole storage:
+        q, k and v of one qkv), its backward's peak (a step's first, as each of PB's is); where the backward
+        recomputes, the recomputed forward's bytes under it; a forward's transient, the weights it predicts while
+        they are made (Predicted.forward_bytes), then beside its own peak."""
         terms = super().stage_terms(stage, held)
         weights = sum(p.numel() * p.element_size() for p in stage.module.parameters())
         a, _ = self.ranges[stage.index]
-        batch = self._prints[a].input_bytes if stage.first and self._prints[a].saves_input else 0
+        keeps = self.backward_mode == "current" or self._prints[a].saves_input  # recompute keeps the input itself
+        batch = self._prints[a].input_bytes if stage.first and keeps else 0
         labels = self.batch_bytes(False, True)
+        previous = weights if self.ctx.params.prediction == "lwp_w" else 0  # the new copy beside the last
         terms = replace(terms, versions=stage.policy.planned_versions(0) * weights,
                         stash=weights if stage.policy.needs_stash() else 0, kept_batch=batch,
-                        batch=terms.batch + (self.num_stages - 1) * labels * stage.last)
-        if self.backward_mode == "current":
-            return terms
+                        batch=terms.batch + (self.num_stages - 1) * labels * stage.last,
+                        update_temps=terms.update_temps + previous)
         profiled = self._stage_pass(stage)
+        made = stage.policy.forward_bytes() if isinstance(stage.policy, Predicted) else 0
+        own = profiled.no_grad_peak if self.backward_mode == "current" else profiled.forward_peak
+        terms = replace(terms, forward_temps=max(made, (weights if made else 0) + own))
+        if self.backward_mode == "current":  # the backward recomputes the forward first: its bytes are on top
+            recomputed = max(profiled.forward_peak, profiled.kept + profiled.backward_peak)
+            return replace(terms, backward_peak=recomputed - terms.output)
         return replace(terms, saved=profiled.kept - terms.output, backward_peak=profiled.backward_peak)
 
     def _stage_pass(self, stage: Stage) -> StagePass:

@@ -62,5 +62,19 @@ class Predicted(WeightPolicy):
         """The weights of every forward in flight where they are kept, and lwp_w's weights before the last update."""
         return (in_flight if self.stash and self.delay > 0 else 0) + (self.prediction == "lwp_w")
 
+    def forward_bytes(self) -> int:
+        """The most bytes a forward's weights take while they are made (for the plan; 0: it runs the live ones): the
+        weights made so far and, for a prediction, one temporary of the parameter being predicted (lwp_v's lr·D·v;
+        lwp_w's difference, then its multiple), in the parameters' order."""
+        predicts = self.prediction != "none" and self.delay > 0
+        if not predicts and not self.needs_stash():
+            return 0
+        worst = made = 0
+        for p in self._params.values():
+            size = p.numel() * p.element_size()
+            made += size
+            worst = max(worst, made + size * predicts)
+        return worst
+
     def needs_stash(self) -> bool:
         return self.stash and self.delay > 0
