@@ -28,19 +28,13 @@ SUITE = Path(__file__).resolve().parents[2] / "suites" / "memory-allocator.toml"
 NOT_YET: dict[str, str] = {
     "apapo": "1.000 1.000 | 1.000 1.023 | 0.9997 1.043-1.052 (2026-12-08): rank 0 of the GPT 1,024-1,384 B under: the "
              "footprint counts q's span of a qkv storage, not k's and v's tail (harness/memory/saved.py)",
-    "dgc": "0.79 0.56 | 0.55 0.55 | 0.61 0.71: the meter misses frees on gloo's thread; DGC's sampled top-k count",
-    "fp16": "0.93 0.76 | 0.81 0.81 | 0.93 0.93: the meter misses frees on gloo's thread (the hook's fp16 copy)",
-    "onebit": "1.00 0.95 | 0.94 0.94 | 1.04 1.04: the meter misses frees on gloo's thread",
     "pipedream": "1.000 1.000 | 1.000 1.061-1.065 | 0.9999 1.020-1.035 (2026-12-08): rank 0 of the GPT 1,536 B "
                  "under, as apapo's (q/k/v spans)",
-    "powersgd": "0.86 0.86 | 0.88 0.88 | 0.98 0.98: the meter misses frees on gloo's thread",
     "qfb": "1.01 1.03-1.16 | 1.06-1.07 1.15-1.20 | 1.01-1.02 1.05-1.30: over (two free-running lanes: a bound)",
-    "qsgd": "0.93 0.79 | 0.80 0.80 | 0.98 0.93: the meter misses frees on gloo's thread",
 }
 NEAR: dict[str, str] = {
     "pb": "1.000 1.000 1.000 | 1.000 1.000 1.000 | 1.000 1.000 1.000 (2026-12-08, 10 runs): equal to the byte; the "
           "meter read 64-112 B over it on one rank in about one run in four",
-    "terngrad": "0.82 1.00 | 1.00 1.00 | 1.000 1.000: the meter misses frees on gloo's thread",
 }
 
 
