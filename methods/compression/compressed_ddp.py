@@ -90,7 +90,7 @@ class CompressedDDP(ReleasedAfterBackward, DDP):
         """The hook's peak on a step after the first, profiled (HookProfile): its payloads, the gathered buffer,
         the decoded rows and the memory's transients. As one bucket of every gradient: DDP's first bucket holds
         1 MiB, which the models of suites/memory-allocator.toml fit; a model of several buckets is planned as if
-        their hooks' bytes were alive at once."""
+        their hooks' bytes were alive at once, as they are: each bucket's are kept to the backward's end (retire.py)."""
         return self.hook_profile().peak
 
     def held_buffer_bytes(self) -> int:

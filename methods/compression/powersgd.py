@@ -120,12 +120,12 @@ class PowerSGD(ReleasedAfterBackward, DDP):
     def planned_hook_bytes(self) -> int:
         """torch's powerSGD_hook on a compressed step, on one bucket of n elements (every gradient, as
         CompressedDDP.planned_hook_bytes), u of them in tensors it leaves uncompressed: with error feedback
-        `input_tensor_cp` (a 4n copy of the compensated bucket, alive until its last callback) and, in that
+        `input_tensor_cp` (a 4n copy of the compensated bucket, alive until the backward's end) and, in the last
         callback, the new error `input_tensor_cp - input_tensor` (4n) made while the old one is still held;
-        `uncompressed_tensors_memory` (4u, their cat, all-reduced); and between them the orthogonalization of P
-        and Q (_orthogonalize_gram_schmidt: `col * rest` and its product with `col`, n_i·(r'-1) or m_i·(r'-1) fp32
-        each, at once for one matrix). The P and Q memories are buffers. During warm-up (start_iter) the hook is
-        an in-place all-reduce: nothing."""
+        `uncompressed_tensors_memory` (4u, their cat, all-reduced; also kept to the backward's end: retire.py);
+        and between them the orthogonalization of P and Q (_orthogonalize_gram_schmidt: `col * rest` and its
+        product with `col`, n_i·(r'-1) or m_i·(r'-1) fp32 each, at once for one matrix). The P and Q memories
+        are buffers. During warm-up (start_iter) the hook is an in-place all-reduce: nothing."""
         p = self.ctx.params
         shapes = [tuple(q.shape) for q in self.network.parameters() if q.requires_grad]
         n = sum(matrix_shape(s)[0] * matrix_shape(s)[1] for s in shapes)
