@@ -76,6 +76,7 @@ class _Live:
     carried: dict[tuple, tuple[int, int]] = field(default_factory=dict)  # (stage, key) -> (step, kept batch bytes)
     messages: dict[tuple, int] = field(default_factory=dict)  # (step, what, stage, key) -> buffer bytes
     graded: set[int] = field(default_factory=set)  # stages whose gradients exist (since their last update)
+    unsent: dict[tuple, int] = field(default_factory=dict)  # (stage, key, 'out'/'dx') -> the step that made it
 
     def total(self) -> int:
         return self.gradients + self.activations + self.buffers + self.inputs + self.versions
@@ -138,9 +139,13 @@ class StepBytes(Handler[tuple[int, Action]]):
                 live.buffers += decoded - live.messages[k]
                 live.messages[k] = decoded
         elif a.op in SENDS:
-            made = "dx" if a.op is Op.SEND_GRAD else "out"  # sent in a later step than its compute made it (APapo's
-            for k in [k for k in live.messages if k[1:] == ("send", a.stage, a.key, made) and k[0] < step]:
-                live.messages[(step, *k[1:])] = live.messages.pop(k)  # step's first SEND_GRAD): retired a step later
+            # A message sent in a later step than the compute that made it (APapo's step opens with the previous
+            # step's last SEND_GRAD) is retired a step after its send. Only that message moves: a flushed schedule's
+            # keys recur every step, and last step's message of the same key was sent then.
+            made = (a.stage, a.key, "dx" if a.op is Op.SEND_GRAD else "out")
+            at = live.unsent.pop(made, step)
+            if at < step and (at, "send", *made) in live.messages:
+                live.messages[(step, "send", *made)] = live.messages.pop((at, "send", *made))
             extra = t.send_act if a.op is Op.SEND_ACT else t.send_grad
             if extra:
                 live.messages[(step, "send", a.stage, a.key, a.op)] = extra
@@ -162,12 +167,15 @@ class StepBytes(Handler[tuple[int, Action]]):
             elif t.output:  # the output leaves as the send's buffer: kept until the executor retires it
                 live.messages[(step, "send", a.stage, a.key, "out")] = t.output
                 live.buffers += t.output
+                live.unsent[(a.stage, a.key, "out")] = step
         elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT):
             releases = a.op is not Op.BACKWARD_INPUT or t.input == 0  # the first stage's B is its whole backward
             if a.op is not Op.BACKWARD_WEIGHT and t.grad_input:  # until its send encodes it, or as the send's buffer
                 dx = (a.stage, a.key, "encoded dx") if t.send_grad else (step, "send", a.stage, a.key, "dx")
                 live.messages[dx] = t.grad_input
                 live.buffers += t.grad_input
+                if not t.send_grad:
+                    live.unsent[(a.stage, a.key, "dx")] = step
             newly = releases and a.stage not in live.graded
             if newly:
                 live.graded.add(a.stage)
