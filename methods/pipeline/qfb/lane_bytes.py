@@ -40,18 +40,16 @@ def forward_transients(blocks: list[nn.Module], example: torch.Tensor, loss: nn.
     counts apart (its saved tensors and its output): the ops' intermediates that autograd does not keep. Buffers
     (BatchNorm's statistics) and the RNG are as they were on return."""
     chain = [*blocks, loss]
-    device = example.device
+    with as_they_were(chain, example.device), torch.no_grad():  # every block's input, fed through the chain
+        inputs = [example]
+        for block in blocks:
+            inputs.append(block(inputs[-1]))
     out: list[int] = []
-    with as_they_were(chain, device):
-        x = example
-        for index, block in enumerate(chain):
-            x = x.detach().requires_grad_(x.is_floating_point() and index > 0)
-            p = prints[index]
+    with as_they_were(chain, example.device), torch.enable_grad():
+        for index, (block, fed, p) in enumerate(zip(chain, inputs, prints, strict=True)):
+            x = fed.detach().requires_grad_(fed.is_floating_point() and index > 0)
             counted = p.saved_bytes + (0 if p.saves_output else p.output_bytes)
-            with torch.enable_grad():
-                out.append(max(0, peak_of(lambda block=block, x=x: block(x), device) - counted))
-            with torch.no_grad():
-                x = block(x)
+            out.append(max(0, peak_of(lambda block=block, x=x: block(x), example.device) - counted))
     return out
 
 
