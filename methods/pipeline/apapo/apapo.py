@@ -203,6 +203,8 @@ class APapo(PipelineMethod):
     def make_optimizer(self, stage: int, module: nn.Module, delay: int | None = None) -> torch.optim.Optimizer:
         """With compensation 'sc': spike-compensated SGD for the stage's delay (or `delay`); else the run's SGD."""
         p = self.ctx.params
+        if not any(w.requires_grad for w in module.parameters()):  # a weightless stage the DP may cut: no state
+            module = nn.ParameterList([nn.Parameter(torch.empty(0), requires_grad=False)])
         if p.compensation == "none":
             return super().make_optimizer(stage, module)
         delay = self.stage_delays(self.num_stages)[stage] if delay is None else delay
