@@ -74,13 +74,10 @@ def projection_table(suite: CalibratedSuite, world_sizes: Sequence[int], network
 def workload_bases(suite: CalibratedSuite, baseline: str | None) -> dict[str, Calibration]:
     """{workload: the configuration its others are compared with}: the one labelled `baseline` there, else the
     workload's first ddp configuration, else none (a workload's throughput is never compared with another's)."""
-    bases: dict[str, Calibration] = {}
+    bases = {c.workload: c for c in suite.calibrations if c.model.label == baseline}
     for c in suite.calibrations:
-        if c.model.label == baseline:
-            bases[c.workload] = c
-    for c in suite.calibrations:
-        if c.workload not in bases and c.model.method == "ddp":
-            bases[c.workload] = c
+        if c.model.method == "ddp":
+            bases.setdefault(c.workload, c)
     return bases
 
 
