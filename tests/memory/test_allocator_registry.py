@@ -32,10 +32,7 @@ NOT_YET: dict[str, str] = {
                  "under, as apapo's (q/k/v spans)",
     "qfb": "1.01 1.03-1.16 | 1.04-1.07 1.15-1.20 | 1.01-1.02 1.05-1.30: over (two free-running lanes: a bound)",
 }
-NEAR: dict[str, str] = {
-    "pb": "1.000 1.000 1.000 | 1.000 1.000 1.000 | 1.000 1.000 1.000 (2026-12-08, 10 runs): equal to the byte; the "
-          "meter read 64-112 B over it on one rank in about one run in four",
-}
+NEAR: dict[str, str] = {}
 
 
 def _cases() -> list:
