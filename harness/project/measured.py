@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.report.tables import numeric
 from harness.results import RunResult, reached_target, read_json
 from harness.trace import TraceEvent, parse_events
 
@@ -103,6 +102,14 @@ class RunMeasure:
         params = {k: v for k, v in self.params.items() if k not in SHAPE_PARAMS}
         return json.dumps([self.spec.get("method"), self.spec.get("workload"), self.spec.get("workload_options"),
                            params], sort_keys=True, default=str)
+
+
+def numeric(frame: pd.DataFrame, column: str) -> pd.Series:
+    """frame[column] as floats (NaN where missing or not a number); all NaN when the column is absent (as
+    harness.report.tables.numeric, which this package's layout row may not import)."""
+    if column not in frame.columns:
+        return pd.Series(np.nan, index=frame.index, dtype=float)
+    return pd.to_numeric(frame[column], errors="coerce").astype(float)
 
 
 def step_seconds(train: pd.DataFrame, quantile: float = 0.5) -> tuple[float, int]:
