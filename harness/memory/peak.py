@@ -38,8 +38,10 @@ class AllocatorPeak:
     allocation and free with its size, and when), summed in time order across the rank's threads, recorded only
     while the method works (its construction, `start` to `pause`, and each step up to the window's end), so that
     the runner's own host-side allocations (the data order, evaluation, records) are not in it. A thread the rank
-    starts itself (Q-FB's lanes) joins through `thread()`, as the autograd engine and communication callbacks do
-    on their own. The profiler costs the watched steps some time (docs/memory.md measures it)."""
+    starts itself (Q-FB's lanes) joins through `thread()`; the autograd engine's threads carry the profiler's
+    state on their own, a communication callback on gloo's worker thread does not (the compressed ddps' hooks run
+    their callbacks' work under `thread()`, methods/compression/retire.py). The profiler costs the watched steps
+    some time (docs/memory.md measures it)."""
 
     def __init__(self, device: torch.device, first: int = 2, steps: int = MEASURED_STEPS):
         if first < 1 or steps < 1:
