@@ -68,7 +68,6 @@ class _Live:
 
     gradients: int = 0
     activations: int = 0
-    buffers: int = 0
     inputs: int = 0
     versions: int = 0
     owed: dict[tuple, int] = field(default_factory=dict)  # (stage, key) -> activation bytes its backward frees
@@ -77,6 +76,11 @@ class _Live:
     messages: dict[tuple, int] = field(default_factory=dict)  # (step, what, stage, key) -> buffer bytes
     graded: set[int] = field(default_factory=set)  # stages whose gradients exist (since their last update)
     unsent: dict[tuple, int] = field(default_factory=dict)  # (stage, key, 'out'/'dx') -> the step that made it
+
+    @property
+    def buffers(self) -> int:
+        """The messages' bytes: derived, so that no message's bytes can stay counted after it is gone."""
+        return sum(self.messages.values())
 
     def total(self) -> int:
         return self.gradients + self.activations + self.buffers + self.inputs + self.versions
@@ -110,7 +114,7 @@ class StepBytes(Handler[tuple[int, Action]]):
             if key[-1] == "out" and (key[2], key[3]) in live.owed:  # the stage keeps its output until the backward
                 live.messages[(key[2], key[3], "kept")] = live.messages.pop(key)
             else:
-                live.buffers -= live.messages.pop(key)
+                live.messages.pop(key)
         live.inputs = sum(t.batch for (w, _), t in self.terms.items() if w == worker) + sum(
             size for loaded, size in live.carried.values() if loaded < step)
         for a in self.receives.get((worker, step), []):
@@ -119,7 +123,6 @@ class StepBytes(Handler[tuple[int, Action]]):
                 continue
             size = t.recv_act if a.op is Op.RECV_ACT else t.recv_grad
             live.messages[(step, a.op, a.stage, a.key)] = size
-            live.buffers += size
 
     def run(self, worker: int, item: tuple[int, Action]) -> Sequence[int]:
         step, a = item
@@ -136,7 +139,6 @@ class StepBytes(Handler[tuple[int, Action]]):
             k = (step, a.op, a.stage, a.key)
             if k in live.messages:
                 decoded = t.input if a.op is Op.RECV_ACT else t.output
-                live.buffers += decoded - live.messages[k]
                 live.messages[k] = decoded
         elif a.op in SENDS:
             # A message sent in a later step than the compute that made it (APapo's step opens with the previous
@@ -149,9 +151,8 @@ class StepBytes(Handler[tuple[int, Action]]):
             extra = t.send_act if a.op is Op.SEND_ACT else t.send_grad
             if extra:
                 live.messages[(step, "send", a.stage, a.key, a.op)] = extra
-                live.buffers += extra
             if a.op is Op.SEND_GRAD:  # a codec's encoded copy left: the gradient it encoded is freed
-                live.buffers -= live.messages.pop((a.stage, a.key, "encoded dx"), 0)
+                live.messages.pop((a.stage, a.key, "encoded dx"), None)
         elif a.op is Op.FORWARD:
             if t.forward_temps:
                 self._note(worker, live, t.forward_temps)
@@ -163,17 +164,14 @@ class StepBytes(Handler[tuple[int, Action]]):
                 live.carried[(a.stage, a.key)] = (step, t.kept_batch)
             if t.output and t.send_act:  # a codec sends a copy: the stage keeps its output until the backward
                 live.messages[(a.stage, a.key, "kept")] = t.output
-                live.buffers += t.output
             elif t.output:  # the output leaves as the send's buffer: kept until the executor retires it
                 live.messages[(step, "send", a.stage, a.key, "out")] = t.output
-                live.buffers += t.output
                 live.unsent[(a.stage, a.key, "out")] = step
         elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT):
             releases = a.op is not Op.BACKWARD_INPUT or t.input == 0  # the first stage's B is its whole backward
             if a.op is not Op.BACKWARD_WEIGHT and t.grad_input:  # until its send encodes it, or as the send's buffer
                 dx = (a.stage, a.key, "encoded dx") if t.send_grad else (step, "send", a.stage, a.key, "dx")
                 live.messages[dx] = t.grad_input
-                live.buffers += t.grad_input
                 if not t.send_grad:
                     live.unsent[(a.stage, a.key, "dx")] = step
             newly = releases and a.stage not in live.graded
@@ -188,15 +186,15 @@ class StepBytes(Handler[tuple[int, Action]]):
             live.gradients += unmade
             if a.op is not Op.BACKWARD_WEIGHT:  # the received gradient lives through the backward it feeds
                 for k in [k for k in live.messages if k[1] is Op.RECV_GRAD and k[2] == a.stage and k[3] == a.key]:
-                    live.buffers -= live.messages.pop(k)
+                    live.messages.pop(k)
             if releases:
                 live.activations -= live.owed.pop((a.stage, a.key), 0)
                 live.versions -= live.stashes.pop((a.stage, a.key), 0)
                 loaded, size = live.carried.pop((a.stage, a.key), (step, 0))
                 live.inputs -= size if loaded < step else 0
-                live.buffers -= live.messages.pop((a.stage, a.key, "kept"), 0)
+                live.messages.pop((a.stage, a.key, "kept"), None)
                 for k in [k for k in live.messages if k[1] is Op.RECV_ACT and k[2] == a.stage and k[3] == a.key]:
-                    live.buffers -= live.messages.pop(k)
+                    live.messages.pop(k)
                 if a.op is Op.BACKWARD_WEIGHT:
                     live.activations -= t.retained
             elif a.op is Op.BACKWARD_INPUT:
